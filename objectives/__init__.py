@@ -1,0 +1,1 @@
+"""Scenarios (workload, SLA, objectives, pick rule) and the scoring of measurements."""

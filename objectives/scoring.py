@@ -1,0 +1,50 @@
+"""From a measurement's metrics to Optuna's objective and constraint values, and the pick rule."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from objectives.scenario import SLA
+
+# Directions of the two objectives, in this order, everywhere.
+OBJECTIVES = ("ttft_p99_ms", "output_tokens_per_s")
+DIRECTIONS = ("minimize", "maximize")
+
+
+def objective_values(metrics: dict[str, Any]) -> tuple[float, float] | None:
+    """None when a metric stands on no sample: the trial must then be FAIL, not a number."""
+    values = tuple(metrics.get(name) for name in OBJECTIVES)
+    return None if any(v is None for v in values) else values  # type: ignore[return-value]
+
+
+def constraint_values(metrics: dict[str, Any], sla: SLA) -> dict[str, float]:
+    """Relative SLA violations: <= 0 is feasible (Optuna's convention for set_constraint)."""
+    constraints = {"ttft_p99": metrics["ttft_p99_ms"] / sla.ttft_p99_ms - 1.0}
+    if sla.tpot_p99_ms is not None:
+        tpot = metrics.get("tpot_p99_ms")
+        # No multi-token request means TPOT was never observed: that cannot prove the SLO met.
+        constraints["tpot_p99"] = 1.0 if tpot is None else tpot / sla.tpot_p99_ms - 1.0
+    if sla.min_success_rate is not None:
+        constraints["success_rate"] = sla.min_success_rate - metrics["success_rate"]
+    return constraints
+
+
+def is_feasible(constraints: dict[str, float]) -> bool:
+    return all(value <= 0 for value in constraints.values())
+
+
+def pick_best(candidates: Sequence[tuple[Any, float, float]], pick: str, tie_tolerance: float = 0.0) -> Any | None:
+    """candidates: (key, ttft_p99_ms, output_tokens_per_s), all SLA-feasible.
+
+    max-throughput: highest throughput; among those within tie_tolerance of it, lowest TTFT p99.
+    min-ttft: lowest TTFT p99; among those within tie_tolerance of it, highest throughput.
+    """
+    if not candidates:
+        return None
+    if pick == "min-ttft":
+        floor = min(c[1] for c in candidates)
+        tied = [c for c in candidates if c[1] <= floor * (1 + tie_tolerance)]
+        return min(tied, key=lambda c: (-c[2], c[1]))[0]
+    top = max(c[2] for c in candidates)
+    tied = [c for c in candidates if c[2] >= top * (1 - tie_tolerance)]
+    return min(tied, key=lambda c: (c[1], -c[2]))[0]

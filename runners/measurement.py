@@ -1,0 +1,99 @@
+"""Measurement: the one currency between runners and everything downstream.
+
+Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
+- TTFT: from sending a request to its first output token.
+- TPOT: (E2EL - TTFT) / (output_tokens - 1), for requests with more than one output token.
+- E2EL: from sending a request to its last output token.
+- duration: from the first request sent to the last request finished.
+- output throughput: output tokens of successful requests / duration; total adds input tokens.
+- goodput (DistServe): successful requests that meet every SLO of the scenario / duration.
+- success rate: successful requests / requests sent.
+Percentiles use numpy's linear interpolation over successful requests and always carry the
+number of samples they stand on; a p99 from fewer than 100 samples is flagged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from objectives.scenario import SLA
+
+P99_MIN_SAMPLES = 100
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Why a trial produced no trustworthy measurement."""
+
+    kind: str  # "infeasible", "start", "crash", "timeout", "error", "sla-violated"
+    message: str
+    log_tail: str = ""
+
+
+@dataclass
+class Measurement:
+    """Per-request records (seconds from load start; NaN where a request never got there)."""
+
+    send_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    ok: np.ndarray
+    peak_kv_usage: float | None = None
+    fault: Fault | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, fault: Fault) -> "Measurement":
+        empty = np.empty(0)
+        return cls(empty, empty, empty, empty.astype(int), empty.astype(int), empty.astype(bool), fault=fault)
+
+    @property
+    def sent(self) -> int:
+        return int(self.send_s.size)
+
+
+def _percentiles(name: str, samples: np.ndarray, qs: tuple[int, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {f"{name}_samples": int(samples.size)}
+    for q in qs:
+        out[f"{name}_p{q}_ms"] = float(np.percentile(samples, q) * 1000) if samples.size else None
+    return out
+
+
+def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
+    """Every metric of a measurement, flat, ready to store as trial user attributes."""
+    ok = m.ok.astype(bool)
+    ttft = (m.first_token_s - m.send_s)[ok]
+    e2el = (m.finish_s - m.send_s)[ok]
+    out_tokens = m.output_tokens[ok]
+    multi = out_tokens > 1
+    tpot = (e2el[multi] - ttft[multi]) / (out_tokens[multi] - 1)
+    finished = m.finish_s[ok]
+    duration = float(finished.max() - m.send_s.min()) if finished.size else 0.0
+    per_s = (lambda x: float(x) / duration) if duration > 0 else (lambda x: 0.0)
+
+    meets = ttft * 1000 <= sla.ttft_p99_ms
+    if sla.tpot_p99_ms is not None:
+        tpot_all = np.where(out_tokens > 1, (e2el - ttft) / np.maximum(out_tokens - 1, 1), 0.0)
+        meets &= tpot_all * 1000 <= sla.tpot_p99_ms
+
+    metrics: dict[str, Any] = {
+        "requests_sent": m.sent,
+        "requests_ok": int(ok.sum()),
+        "success_rate": float(ok.sum() / m.sent) if m.sent else 0.0,
+        "duration_s": duration,
+        "output_tokens_per_s": per_s(out_tokens.sum()),
+        "total_tokens_per_s": per_s(out_tokens.sum() + m.input_tokens[ok].sum()),
+        "requests_per_s": per_s(ok.sum()),
+        "goodput_rps": per_s(meets.sum()),
+        "peak_kv_usage": m.peak_kv_usage,
+    }
+    metrics |= _percentiles("ttft", ttft, (50, 90, 99))
+    metrics |= _percentiles("tpot", tpot, (50, 99))
+    metrics |= _percentiles("e2el", e2el, (50, 99))
+    metrics["p99_low_samples"] = int(ttft.size) < P99_MIN_SAMPLES
+    return metrics

@@ -1,0 +1,1 @@
+"""The built-in discrete-event simulator of a continuous-batching serving engine."""

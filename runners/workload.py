@@ -1,0 +1,62 @@
+"""Requests of a scenario's workload: lengths and arrival times, deterministic for a seed.
+
+Shared by the simulator and the load generator so both replay the very same requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from objectives.scenario import Closed, Fixed, Gamma, LogNormal, Normal, Poisson, Uniform, Workload
+
+
+def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(dist, Fixed):
+        return np.full(n, dist.value, dtype=np.int64)
+    if isinstance(dist, Uniform):
+        return rng.integers(dist.low, dist.high, endpoint=True, size=n)
+    if isinstance(dist, Normal):
+        raw = rng.normal(dist.mean, dist.std, size=n)
+    elif isinstance(dist, LogNormal):
+        raw = rng.lognormal(np.log(dist.median), dist.sigma, size=n)
+    else:
+        raise TypeError(f"unknown length distribution {dist!r}")
+    return np.clip(np.rint(raw), dist.min, dist.max).astype(np.int64)
+
+
+def inter_arrival_s(arrival, n: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Gaps before each request; None for a closed loop (requests follow completions)."""
+    if isinstance(arrival, Poisson):
+        return rng.exponential(1.0 / arrival.rate, size=n)
+    if isinstance(arrival, Gamma):
+        # Mean gap stays 1/rate; shape = burstiness (1 is exponential, below 1 is burstier).
+        theta = 1.0 / (arrival.rate * arrival.burstiness)
+        return rng.gamma(arrival.burstiness, theta, size=n)
+    if isinstance(arrival, Closed):
+        return None
+    raise TypeError(f"unknown arrival process {arrival!r}")
+
+
+@dataclass(frozen=True)
+class Requests:
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    arrival_s: np.ndarray | None  # None: closed loop with `concurrency` in flight
+    concurrency: int | None
+
+    def __len__(self) -> int:
+        return int(self.input_tokens.size)
+
+
+def make_requests(workload: Workload) -> Requests:
+    rng = np.random.default_rng(workload.seed)
+    n = workload.num_requests
+    inputs = sample_lengths(workload.input_tokens, n, rng)
+    outputs = sample_lengths(workload.output_tokens, n, rng)
+    gaps = inter_arrival_s(workload.arrival, n, rng)
+    if gaps is None:
+        return Requests(inputs, outputs, None, workload.arrival.concurrency)
+    arrivals = np.cumsum(gaps)
+    return Requests(inputs, outputs, arrivals - arrivals[0], None)

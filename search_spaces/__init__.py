@@ -1,0 +1,1 @@
+"""Knob definitions, their engine-native forms, and per-engine search-space presets."""

@@ -1,0 +1,139 @@
+"""Every knob autotune can turn, and what it becomes in each engine's own settings.
+
+Adding a knob means one entry in KNOBS; adding an engine means one more renderer per knob.
+A renderer returns the engine-native pieces for a value: for MindIE a fragment of its
+config.json (plus environment variables or the weights precision, which are not config.json
+fields); for vLLM a list of `vllm serve` arguments. A knob with no renderer for an engine
+cannot be expressed there and is dropped from that engine's search space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+ENGINES = ("mindie", "vllm")
+QUANTIZATIONS = ("bf16", "fp16", "w8a8", "w8a16", "w4a16")
+SELECT_BATCH_MODES = ("prefill-first", "decode-first")
+
+Renderer = Callable[[Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: Literal["int", "float", "categorical"]
+    help: str
+    limits: tuple[float, float] | None = None  # hard bounds for numeric knobs
+    allowed: tuple[Any, ...] | None = None  # every value a categorical knob may take
+    render: dict[str, Renderer] = field(default_factory=dict)
+
+
+def _schedule(field_name: str, convert: Callable[[Any], Any] = int) -> Renderer:
+    return lambda value: {"config": {"ScheduleConfig": {field_name: convert(value)}}}
+
+
+def _args(*template: str) -> Renderer:
+    return lambda value: {"args": [part.format(value=value) for part in template]}
+
+
+def _vllm_select_batch(mode: str) -> dict[str, Any]:
+    # vLLM has no select-batch switch; chunked prefill mixes prefill chunks into decode steps
+    # (decode keeps going), without it waiting prefills run first.
+    flag = "--enable-chunked-prefill" if mode == "decode-first" else "--no-enable-chunked-prefill"
+    return {"args": [flag]}
+
+
+def _vllm_quantization(precision: str) -> dict[str, Any]:
+    # vLLM loads pre-quantized checkpoints; the precision picks the weights directory.
+    if precision in ("bf16", "fp16"):
+        return {"args": ["--dtype", "bfloat16" if precision == "bf16" else "float16"]}
+    return {"weights": precision, "args": ["--dtype", "auto"]}
+
+
+def _vllm_kv_compression(ratio: float) -> dict[str, Any]:
+    if ratio == 1.0:
+        return {"args": ["--kv-cache-dtype", "auto"]}
+    if ratio == 0.5:
+        return {"args": ["--kv-cache-dtype", "fp8"]}
+    raise ValueError(f"vllm can only keep 1.0 or 0.5 of the KV bytes, not {ratio}")
+
+
+def _mindie_kv_compression(ratio: float) -> dict[str, Any]:
+    if ratio == 1.0:
+        return {}
+    # RazorAttention's exact controls are unverified; the ratio is passed for the operator.
+    return {"env": {"ATB_LLM_RAZOR_ATTENTION_ENABLE": "1"}, "kv_ratio": ratio}
+
+
+KNOBS: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        Knob(
+            "batch_size", "int", "most sequences running at once",
+            limits=(1, 5000),
+            render={"mindie": _schedule("maxBatchSize"), "vllm": _args("--max-num-seqs", "{value}")},
+        ),
+        Knob(
+            "select_batch", "categorical", "prefill-first lowers TTFT, decode-first raises throughput",
+            allowed=SELECT_BATCH_MODES,
+            render={
+                "mindie": _schedule("supportSelectBatch", lambda mode: mode == "decode-first"),
+                "vllm": _vllm_select_batch,
+            },
+        ),
+        Knob(
+            "max_prefill_tokens", "int", "token budget of one prefill step",
+            limits=(1, 1_048_576),
+            render={
+                "mindie": _schedule("maxPrefillTokens"),
+                "vllm": _args("--max-num-batched-tokens", "{value}"),
+            },
+        ),
+        Knob(
+            "quantization", "categorical", "weights precision",
+            allowed=QUANTIZATIONS,
+            render={"mindie": lambda precision: {"weights": precision}, "vllm": _vllm_quantization},
+        ),
+        Knob(
+            "kv_compression", "float", "fraction of KV-cache bytes kept (1.0 = off)",
+            limits=(0.05, 1.0),
+            render={"mindie": _mindie_kv_compression, "vllm": _vllm_kv_compression},
+        ),
+        Knob(
+            "max_prefill_batch_size", "int", "most requests in one prefill step (MindIE)",
+            limits=(1, 5000),
+            render={"mindie": _schedule("maxPrefillBatchSize")},
+        ),
+        Knob(
+            "prefill_time_ms_per_req", "int", "select-batch cost weight of a prefill (MindIE)",
+            limits=(0, 1000),
+            render={"mindie": _schedule("prefillTimeMsPerReq")},
+        ),
+        Knob(
+            "decode_time_ms_per_req", "int", "select-batch cost weight of a decode slot (MindIE)",
+            limits=(0, 1000),
+            render={"mindie": _schedule("decodeTimeMsPerReq")},
+        ),
+    )
+}
+
+
+def _merge(into: dict[str, Any], piece: dict[str, Any]) -> None:
+    for key, value in piece.items():
+        if isinstance(value, dict):
+            _merge(into.setdefault(key, {}), value)
+        elif isinstance(value, list):
+            into.setdefault(key, []).extend(value)
+        else:
+            into[key] = value
+
+
+def render(engine: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The engine-native form of a config; knobs the engine cannot express are left out."""
+    native: dict[str, Any] = {}
+    for name, value in config.items():
+        renderer = KNOBS[name].render.get(engine)
+        if renderer is not None:
+            _merge(native, renderer(value))
+    return native

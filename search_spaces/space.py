@@ -1,0 +1,219 @@
+"""A search space: a range per knob, loaded from an engine preset and narrowed by a user's file."""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from objectives.scenario import Workload
+from search_spaces.knobs import ENGINES, KNOBS, Knob
+from tuner.userfile import InputError, load_yaml, validate
+
+GRID_POINTS = 6  # values per numeric knob when --sampler grid has no explicit `grid`
+
+
+class KnobRange(BaseModel):
+    """One of: `value` (fixed), `choices`, or `low`/`high` (with `step` or `log`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    value: Any = None
+    choices: list[Any] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    grid: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self):
+        forms = [self.value is not None, self.choices is not None, self.low is not None or self.high is not None]
+        if sum(forms) != 1:
+            raise ValueError("give exactly one of: value, choices, or low and high")
+        if self.choices is not None and not self.choices:
+            raise ValueError("choices is empty")
+        if forms[2]:
+            if self.low is None or self.high is None:
+                raise ValueError("a range needs both low and high")
+            if self.low > self.high:
+                raise ValueError(f"range is reversed: low {self.low:g} > high {self.high:g}")
+            if self.step is not None and self.step <= 0:
+                raise ValueError("step must be positive")
+            if self.log and (self.step is not None or self.low <= 0):
+                raise ValueError("a log range needs low > 0 and no step")
+        return self
+
+
+class SpaceFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str | None = None
+    knobs: dict[str, KnobRange]
+
+
+def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
+    where = f"{source}: knobs.{knob.name}"
+    values = [spec.value] if spec.value is not None else spec.choices
+    if knob.kind == "categorical":
+        if values is None:
+            raise InputError(f"{where}: a categorical knob takes choices or value, allowed: {list(knob.allowed)}")
+        bad = [v for v in values if v not in knob.allowed]
+        if bad:
+            raise InputError(f"{where}: {bad[0]!r} is not allowed; allowed: {list(knob.allowed)}")
+        return
+    low, high = knob.limits
+    numbers = values if values is not None else [spec.low, spec.high]
+    for number in numbers:
+        if not isinstance(number, (int, float)) or isinstance(number, bool):
+            raise InputError(f"{where}: {number!r} is not a number")
+        if knob.kind == "int" and float(number) != int(number):
+            raise InputError(f"{where}: {number!r} is not an integer")
+        if not low <= number <= high:
+            raise InputError(f"{where}: {number:g} is outside the allowed range {low:g}..{high:g}")
+    if spec.low is not None and spec.step is not None:
+        span = (spec.high - spec.low) / spec.step
+        if not math.isclose(span, round(span)):
+            raise InputError(f"{where}: high - low ({spec.high - spec.low:g}) is not a multiple of step {spec.step:g}")
+
+
+class SearchSpace:
+    """The knobs of one engine and the ranges the study explores."""
+
+    def __init__(self, engine: str, ranges: dict[str, KnobRange], notes: list[str] | None = None):
+        self.engine = engine
+        self.ranges = ranges
+        self.notes = notes or []
+
+    @classmethod
+    def load(cls, engine: str, user_file: Path | None = None) -> "SearchSpace":
+        if engine not in ENGINES:
+            raise InputError(f"--engine: unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+        with resources.as_file(resources.files("search_spaces") / "presets" / f"{engine}.yaml") as path:
+            preset = load_yaml(path, SpaceFile)
+        ranges = dict(preset.knobs)
+        source = str(user_file) if user_file else f"preset {engine}"
+        if user_file is not None:
+            user = load_yaml(user_file, SpaceFile)
+            if user.engine not in (None, engine):
+                raise InputError(f"{user_file}: engine: the file is for {user.engine!r}, the study runs {engine!r}")
+            ranges.update(user.knobs)
+        notes = []
+        for name, spec in list(ranges.items()):
+            knob = KNOBS.get(name)
+            if knob is None:
+                raise InputError(f"{source}: knobs.{name}: unknown knob; known: {', '.join(KNOBS)}")
+            _check_range(knob, spec, source)
+            if engine not in knob.render:
+                notes.append(f"{name} dropped: {engine} cannot express it")
+                del ranges[name]
+        return cls(engine, ranges, notes)
+
+    def fit_workload(self, workload: Workload) -> "SearchSpace":
+        """Raise max_prefill_tokens' floor to the longest prompt: below it no prompt could start."""
+        spec = self.ranges.get("max_prefill_tokens")
+        need = workload.longest_prompt
+        if spec is None or spec.low is None or spec.low >= need:
+            return self
+        if spec.high < need:
+            raise InputError(
+                f"max_prefill_tokens: the whole range {spec.low:g}..{spec.high:g} is below the "
+                f"longest prompt of the scenario ({need} tokens)"
+            )
+        low = need if spec.step is None else spec.low + math.ceil((need - spec.low) / spec.step) * spec.step
+        ranges = dict(self.ranges)
+        ranges["max_prefill_tokens"] = spec.model_copy(update={"low": low})
+        note = f"max_prefill_tokens floor raised from {spec.low:g} to {low:g} (longest prompt {need})"
+        return SearchSpace(self.engine, ranges, [*self.notes, note])
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        dists: dict[str, BaseDistribution] = {}
+        for name, spec in self.ranges.items():
+            knob = KNOBS[name]
+            if spec.value is not None:
+                continue
+            if spec.choices is not None:
+                dists[name] = CategoricalDistribution(spec.choices)
+            elif knob.kind == "int":
+                step = 1 if spec.log else int(spec.step or 1)
+                dists[name] = IntDistribution(int(spec.low), int(spec.high), log=spec.log, step=step)
+            else:
+                dists[name] = FloatDistribution(spec.low, spec.high, log=spec.log, step=spec.step)
+        return dists
+
+    def fixed(self) -> dict[str, Any]:
+        return {name: spec.value for name, spec in self.ranges.items() if spec.value is not None}
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        config = self.fixed()
+        # A grid is fixed up front; elsewhere sample inside MindIE's bound (checked either way).
+        bounded = not isinstance(trial.study.sampler, optuna.samplers.GridSampler)
+        for name, dist in self.distributions().items():
+            if bounded and name == "max_prefill_batch_size" and isinstance(dist, IntDistribution):
+                batch = config.get("batch_size", dist.high)
+                dist = IntDistribution(dist.low, max(dist.low, min(dist.high, batch)), log=dist.log, step=dist.step)
+            config[name] = _suggest(trial, name, dist)
+        return config
+
+    def grid(self) -> dict[str, list[Any]]:
+        """Values per sampled knob for Optuna's GridSampler."""
+        grid: dict[str, list[Any]] = {}
+        for name, dist in self.distributions().items():
+            spec = self.ranges[name]
+            if isinstance(dist, CategoricalDistribution):
+                grid[name] = list(dist.choices)
+            elif spec.grid is not None:
+                grid[name] = list(spec.grid)
+            elif dist.log:
+                grid[name] = sorted({dist.high, *(2.0 ** k for k in range(math.ceil(math.log2(dist.low)), math.floor(math.log2(dist.high)) + 1))})
+            else:
+                step = dist.step or (dist.high - dist.low) / (GRID_POINTS - 1)
+                points = np.linspace(dist.low, dist.high, GRID_POINTS)
+                grid[name] = sorted({dist.low + round((p - dist.low) / step) * step for p in points})
+            if isinstance(dist, IntDistribution):
+                grid[name] = sorted({int(v) for v in grid[name]})
+        return grid
+
+    def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        """Known constraints that need no measurement; the hardware's own are the runner's."""
+        reasons = []
+        if config.get("max_prefill_tokens", math.inf) < workload.longest_prompt:
+            reasons.append(
+                f"max_prefill_tokens {config['max_prefill_tokens']} < longest prompt {workload.longest_prompt}"
+            )
+        if config.get("max_prefill_batch_size", 0) > config.get("batch_size", math.inf):
+            reasons.append(
+                f"max_prefill_batch_size {config['max_prefill_batch_size']} > batch_size {config['batch_size']}"
+            )
+        return reasons
+
+
+def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+
+
+def parse_config(engine: str, data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Validate a knob -> value mapping (e.g. a baseline file's knobs) against the knob table."""
+    config = {}
+    for name, value in data.items():
+        knob = KNOBS.get(name)
+        if knob is None:
+            raise InputError(f"{source}: knobs.{name}: unknown knob; known: {', '.join(KNOBS)}")
+        _check_range(knob, validate(KnobRange, {"value": value}, f"{source}: knobs.{name}"), source)
+        config[name] = value
+    return config

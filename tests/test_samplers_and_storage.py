@@ -1,0 +1,66 @@
+"""Every sampler runs a real short study; the storage works on SQLite and the real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import create_engine, text
+
+from objectives.scoring import is_feasible
+from runners.sim.runner import SimRunner
+from search_spaces.space import SearchSpace
+from tests.conftest import small_scenario
+from tuner.samplers import SAMPLERS, make_sampler
+from tuner.storage import latest_snapshot, open_storage
+from tuner.study import StudyRun, create_study, optimize, snapshot
+
+POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def _run(storage_url: str, sampler: str, name: str, trials: int = 6):
+    scenario = small_scenario(requests=100)
+    runner = SimRunner()
+    space = SearchSpace.load("mindie").fit_workload(scenario.workload)
+    storage = open_storage(storage_url)
+    study = create_study(storage, name, make_sampler(sampler, 0, space, trials), scenario, runner.identity())
+    run = StudyRun(study, scenario, space, runner)
+    optimize(run, trials, None)
+    snapshot(study, scenario, storage)
+    return study, storage, run
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_sampler_runs(sampler: str, tmp_path: Path):
+    if sampler == "gp":
+        pytest.importorskip("torch", reason="GPSampler needs the gp extra")
+    study, _, run = _run(f"sqlite:///{tmp_path / 's.db'}", sampler, "s", trials=6)
+    assert len(study.trials) == 6
+    assert len(run.reports) == 6
+    assert {r.status for r in run.reports} <= {"feasible", "violates-sla", "infeasible", "fail"}
+
+
+def test_same_seed_same_study(tmp_path: Path):
+    a, _, _ = _run(f"sqlite:///{tmp_path / 'a.db'}", "tpe", "x", trials=12)
+    b, _, _ = _run(f"sqlite:///{tmp_path / 'b.db'}", "tpe", "x", trials=12)
+    assert [t.params for t in a.trials] == [t.params for t in b.trials]
+
+
+def test_postgres_storage_keeps_trials_and_front():
+    name = f"pg-{uuid.uuid4().hex[:8]}"
+    study, storage, _ = _run(POSTGRES, "tpe", name, trials=5)
+    try:
+        again = optuna.load_study(study_name=name, storage=POSTGRES)
+        assert len(again.trials) == 5
+        snap = latest_snapshot(storage, name)
+        feasible = [t for t in again.get_trials(states=(optuna.trial.TrialState.COMPLETE,)) if is_feasible(t.constraints)]
+        assert snap.trials_total == 5 and snap.trials_feasible == len(feasible)
+        assert {m.trial_number for m in snap.members} <= {t.number for t in feasible}
+    finally:
+        optuna.delete_study(study_name=name, storage=POSTGRES)
+        with create_engine(POSTGRES).begin() as con:
+            con.execute(text("delete from autotune_pareto_members where snapshot_id in "
+                             "(select id from autotune_pareto_snapshots where study_name = :n)"), {"n": name})
+            con.execute(text("delete from autotune_pareto_snapshots where study_name = :n"), {"n": name})

@@ -1,0 +1,168 @@
+"""The simulator's physics and MindIE's scheduling rules, checked on the simulator itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from objectives.scenario import Closed, Fixed, Poisson
+from runners.measurement import summarize
+from runners.sim.costs import CostModel
+from runners.sim.engine import Scheduler, Simulation
+from runners.sim.profiles import QWEN2_7B, load_hardware
+from runners.sim.runner import DEFAULTS, SimRunner
+from runners.workload import make_requests
+from tests.conftest import small_scenario
+
+HW = load_hardware("ascend-910b2")
+
+
+def config(**knobs):
+    return DEFAULTS | {"max_prefill_tokens": 8192} | knobs
+
+
+def simulate(runner: SimRunner, knobs: dict, workload, trace: bool = False):
+    knobs = config(**knobs)
+    cost = runner._cost(knobs)
+    block = runner.hardware.kv_block_tokens
+    sim = Simulation(cost, runner._scheduler(knobs), make_requests(workload), cost.kv_capacity_tokens(knobs["max_prefill_tokens"]) // block, block)
+    if trace:
+        sim.trace = []
+    return sim, sim.run()
+
+
+def closed(scenario, concurrency: int, requests: int = 400):
+    return scenario.workload.model_copy(update={"arrival": Closed(kind="closed", concurrency=concurrency),
+                                                "num_requests": requests})
+
+
+def test_zero_load_ttft_is_one_prefill():
+    sc = small_scenario(requests=1, input_tokens=Fixed(kind="fixed", value=700))
+    runner = SimRunner()
+    m = runner.run(config(), sc.workload)
+    cost = CostModel(QWEN2_7B, HW, "bf16", 1.0)
+    one_prefill = cost.step_seconds(700, 700 * 701 / 2, 0, 1, 0, 0)
+    assert m.first_token_s[0] - m.send_s[0] == pytest.approx(one_prefill, rel=1e-12)
+
+
+@pytest.mark.parametrize("quant", ["bf16", "w8a8", "w4a16"])
+@pytest.mark.parametrize("batch", [4, 32, 128])
+def test_throughput_never_exceeds_roofline(quant, batch):
+    sc = small_scenario()
+    wl = closed(sc, 256)
+    m = SimRunner().run(config(batch_size=batch, quantization=quant), wl)
+    tput = summarize(m, sc.sla)["output_tokens_per_s"]
+    cost = CostModel(QWEN2_7B, HW, quant, 1.0)
+    # Best case: every step decodes a full batch with no context at all.
+    bound = batch / cost.step_seconds(0, 0, 0, 0, batch, 0)
+    assert 0 < tput <= bound
+
+
+def test_batch_size_raises_throughput_until_memory_binds():
+    sc = small_scenario("document-summary", requests=300)
+    wl = closed(sc, 512, requests=300)
+    runner = SimRunner(hardware="ascend-310p3")  # 24 GB: the KV cache binds early
+    results = {}
+    for batch in (1, 2, 4, 8, 16, 32, 64, 256):
+        m = runner.run(config(batch_size=batch, max_prefill_batch_size=min(batch, 50)), wl)
+        results[batch] = (summarize(m, sc.sla)["output_tokens_per_s"], m.extra["max_running"], m.peak_kv_usage)
+    tputs = [results[b][0] for b in (1, 2, 4, 8, 16)]
+    assert all(b > a for a, b in zip(tputs, tputs[1:])), results
+    # At 256 the memory, not the batch size, caps the running requests, and throughput stops rising.
+    assert results[256][1] < 256 and results[256][2] > 0.95, results
+    assert results[256][0] < results[64][0] * 1.05, results
+
+
+@pytest.mark.parametrize("batch", [16, 32])
+def test_decode_first_trades_ttft_for_throughput_under_load(batch):
+    sc = small_scenario(requests=800)
+    wl = closed(sc, 32, requests=800)
+    runner = SimRunner()
+    pf = summarize(runner.run(config(batch_size=batch, select_batch="prefill-first", max_prefill_batch_size=batch), wl), sc.sla)
+    df = summarize(runner.run(config(batch_size=batch, select_batch="decode-first", max_prefill_batch_size=batch), wl), sc.sla)
+    assert df["output_tokens_per_s"] > pf["output_tokens_per_s"]
+    assert df["ttft_p50_ms"] > pf["ttft_p50_ms"]
+
+
+def test_smaller_kv_ratio_admits_more_requests():
+    sc = small_scenario("document-summary", requests=200)
+    wl = closed(sc, 256, requests=200)
+    runner = SimRunner(hardware="ascend-310p3")
+    full = runner.run(config(batch_size=256, kv_compression=1.0), wl)
+    half = runner.run(config(batch_size=256, kv_compression=0.5), wl)
+    assert half.extra["max_running"] > full.extra["max_running"]
+
+
+def test_preemption_recomputes_and_every_request_completes():
+    sc = small_scenario("document-summary", requests=200)
+    wl = closed(sc, 256, requests=200)
+    m = SimRunner(hardware="ascend-310p3").run(config(batch_size=256), wl)
+    assert m.extra["preemptions"] > 0
+    assert m.ok.all() and np.all(m.finish_s >= m.first_token_s) and np.all(m.first_token_s >= m.send_s)
+    assert np.array_equal(m.output_tokens, make_requests(wl).output_tokens)
+
+
+def test_deterministic_for_a_seed():
+    sc = small_scenario()
+    a = SimRunner().run(config(), sc.workload)
+    b = SimRunner().run(config(), sc.workload)
+    c = SimRunner().run(config(), sc.workload.model_copy(update={"seed": 1}))
+    assert np.array_equal(a.first_token_s, b.first_token_s) and np.array_equal(a.finish_s, b.finish_s)
+    assert not np.array_equal(a.finish_s, c.finish_s)
+
+
+@pytest.mark.parametrize("policy_mode", ["prefill-first", "decode-first"])
+def test_batch_and_prefill_limits_hold(policy_mode):
+    sc = small_scenario(requests=400)
+    wl = closed(sc, 64, requests=400)
+    knobs = dict(batch_size=12, select_batch=policy_mode, max_prefill_tokens=1536, max_prefill_batch_size=3)
+    _, m = simulate(SimRunner(), knobs, wl)
+    assert m.extra["max_running"] == 12
+    assert m.extra["max_prefill_seqs"] <= 3
+    assert m.extra["max_step_tokens"] <= 1536
+
+
+def test_chunked_prefill_respects_token_budget_and_mixes_decodes():
+    sc = small_scenario(requests=300)
+    wl = closed(sc, 48, requests=300)
+    sim, m = simulate(SimRunner(engine="vllm"), dict(batch_size=32, select_batch="decode-first", max_prefill_tokens=1024), wl, trace=True)
+    assert m.extra["max_step_tokens"] <= 1024
+    assert m.extra["max_running"] <= 32
+    mixed = [s for s in sim.trace if s[0] == "prefill" and s[3] > 0]
+    assert mixed, "chunked prefill should put prefill chunks and decodes in one step"
+    assert m.ok.all()
+
+
+def test_select_batch_follows_mindie_rule():
+    """Replay MindIE's supportSelectBatch rule over the simulated steps (engines.md)."""
+    sc = small_scenario(requests=300)
+    wl = closed(sc, 40, requests=300)
+    batch, p_ms, d_ms = 16, 150, 50
+    knobs = dict(batch_size=batch, select_batch="decode-first", max_prefill_batch_size=16,
+                 prefill_time_ms_per_req=p_ms, decode_time_ms_per_req=d_ms)
+    sim, _ = simulate(SimRunner(), knobs, wl, trace=True)
+    waste = 0.0
+    prefills = 0
+    for kind, seqs, _tokens, running, waiting_after in sim.trace:
+        waiting = waiting_after + seqs
+        if not waiting:
+            assert kind == "decode"
+            continue
+        cost = p_ms * running
+        waste += d_ms * (batch - running)
+        if kind == "prefill":
+            assert cost <= waste
+            waste = 0.0
+            prefills += 1
+        else:
+            assert cost > waste or running == batch
+    assert prefills > 10
+
+
+def test_select_batch_without_prefill_weight_is_prefill_first():
+    sc = small_scenario(requests=300)
+    wl = sc.workload.model_copy(update={"arrival": Poisson(kind="poisson", rate=5.0)})
+    runner = SimRunner()
+    a = runner.run(config(batch_size=16, select_batch="decode-first", prefill_time_ms_per_req=0), wl)
+    b = runner.run(config(batch_size=16, select_batch="prefill-first"), wl)
+    assert np.array_equal(a.first_token_s, b.first_token_s)

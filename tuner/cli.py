@@ -1,0 +1,236 @@
+"""The `autotune` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import optuna
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from objectives.scenario import Scenario, load_scenario, preset_names
+from runners.base import RUNNERS
+from search_spaces.space import SearchSpace, parse_config
+from tuner import __version__
+from tuner.export import build_export, check_writable, load_export, write_export
+from tuner.samplers import SAMPLERS, make_sampler
+from tuner.storage import DEFAULT_STORAGE, latest_snapshot, open_storage
+from tuner.study import StudyRun, TrialReport, best_trial, create_study, default_study_name, optimize, snapshot
+from tuner.userfile import InputError
+
+EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was exported
+
+# Piped output (logs, CI) gets a wide table instead of rich's 80-column default.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _make_runner(name: str, **options):
+    if name not in RUNNERS:
+        raise InputError(f"--runner: unknown runner {name!r}; allowed: {', '.join(RUNNERS)}")
+    return RUNNERS[name](**options)
+
+
+def _front_table(title: str, rows: list[dict], best: int | None) -> Table:
+    table = Table(title=title)
+    for column in ("trial", "TTFT p99 ms", "out tok/s", "batch", "first", "prefill tok", "quant", "kv", "p99 n"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        p, m = row["params"], row["metrics"]
+        table.add_row(
+            f"{row['trial']}{' *' if row['trial'] == best else ''}",
+            f"{row['ttft_p99_ms']:.0f}",
+            f"{row['output_tokens_per_s']:.0f}",
+            str(p.get("batch_size", "")),
+            str(p.get("select_batch", "")).removesuffix("-first"),
+            str(p.get("max_prefill_tokens", "")),
+            str(p.get("quantization", "")),
+            str(p.get("kv_compression", "")),
+            str(m.get("ttft_samples", "")),
+        )
+    return table
+
+
+def _snapshot_rows(snap) -> list[dict]:
+    return [
+        {"trial": m.trial_number, "ttft_p99_ms": m.ttft_p99_ms, "output_tokens_per_s": m.output_tokens_per_s,
+         "params": m.params, "metrics": m.metrics}
+        for m in snap.members
+    ]
+
+
+def _export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, path: Path) -> None:
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    fixed = study.user_attrs.get("fixed_knobs", {})
+    metrics = {k: v for k, v in trial.user_attrs.items()}
+    exported = build_export(study.study_name, trial.number, scenario.name, scenario.sla.model_dump(),
+                            study.user_attrs["identity"], fixed | trial.params, metrics)
+    write_export(path, exported)
+
+
+def _progress_text(reports: list[TrialReport]) -> str:
+    feasible = [r for r in reports if r.status == "feasible"]
+    if not feasible:
+        return "best feasible: none yet"
+    best = max(feasible, key=lambda r: (r.values[1], -r.values[0]))  # a live hint, not the pick rule
+    return f"best feasible: #{best.number} {best.values[1]:.0f} tok/s, TTFT p99 {best.values[0]:.0f} ms"
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML")
+@click.option("--runner", "runner_name", default="sim", show_default=True, help=f"one of: {', '.join(RUNNERS)}")
+@click.option("--engine", default="mindie", show_default=True, help="whose knobs to tune: mindie or vllm")
+@click.option("--model", default="qwen2-7b", show_default=True, help="built-in model or a HF model directory")
+@click.option("--hardware", default="ascend-910b2", show_default=True, help="hardware profile name or YAML (sim)")
+@click.option("--space", "space_path", type=click.Path(path_type=Path), help="YAML narrowing the knob ranges")
+@click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--sampler", default="tpe", show_default=True, help=f"one of: {', '.join(SAMPLERS)}")
+@click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="SQLAlchemy URL of the study storage")
+@click.option("--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)")
+@click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True)
+@click.option("--baseline", "baseline_path", type=click.Path(path_type=Path), help="an exported YAML to re-run as the first trial")
+@click.version_option(__version__, prog_name="autotune")
+@click.pass_context
+def cli(ctx, scenario, runner_name, engine, model, hardware, space_path, trials, timeout_s, seed, sampler,
+        storage, study_name, export_path, baseline_path):
+    """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if scenario is None:
+        raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
+    chosen = load_scenario(scenario)
+    runner = _make_runner(runner_name, engine=engine, model=model, hardware=hardware)
+    space = SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload)
+    optuna_sampler = make_sampler(sampler, seed, space, trials)
+    baseline = None
+    if baseline_path is not None:
+        baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
+    check_writable(export_path)
+    rdb = open_storage(storage)
+
+    identity = runner.identity()
+    name = study_name or default_study_name(chosen, identity)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = create_study(rdb, name, optuna_sampler, chosen, identity)
+    study.set_user_attr("fixed_knobs", space.fixed())
+    if baseline is not None:
+        dists = space.distributions()
+        study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
+    for note in space.notes:
+        err.print(f"[dim]note: {note}[/dim]")
+    err.print(f"study [bold]{name}[/bold] in {rdb.url if hasattr(rdb, 'url') else storage}: {len(study.trials)} earlier trials")
+
+    run = StudyRun(study, chosen, space, runner)
+    columns = (TextColumn("trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("best feasible: none yet", total=trials)
+
+        def on_trial(report: TrialReport) -> None:
+            progress.update(task, advance=1, description=_progress_text(run.reports))
+
+        optimize(run, trials, timeout_s, on_trial)
+
+    snapshot(study, chosen, rdb)
+    snap = latest_snapshot(rdb, name)
+    best = best_trial(study, chosen)
+    failed = sum(1 for r in run.reports if r.status in ("fail", "infeasible"))
+    out.print(_front_table(f"SLA-feasible Pareto front of {name} (TTFT p99 <= {chosen.sla.ttft_p99_ms:g} ms)",
+                           _snapshot_rows(snap), snap.best_trial))
+    out.print(f"{len(run.reports)} trials this run ({failed} failed or infeasible), {len(study.trials)} in the study")
+    if best is None:
+        err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
+        sys.exit(EXIT_NO_FEASIBLE)
+    _export_trial(study, best, export_path)
+    out.print(f"best: trial {best.number} ({chosen.pick}) -> {export_path}")
+
+
+def _storage_option(f):
+    return click.option("--storage", default=DEFAULT_STORAGE, show_default=True)(f)
+
+
+def _load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
+    rdb = open_storage(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]
+    if study_name is None:
+        if len(names) != 1:
+            raise InputError(f"--study: give one of: {', '.join(names) or '(no study in this storage)'}")
+        study_name = names[0]
+    if study_name not in names:
+        raise InputError(f"--study: no study {study_name!r} in {storage}; studies: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=study_name, storage=rdb), rdb
+
+
+@cli.command()
+def scenarios():
+    """List the scenario presets."""
+    table = Table()
+    for column in ("scenario", "TTFT p99 SLA", "TPOT p99 SLA", "input tokens", "output tokens", "arrival"):
+        table.add_column(column, no_wrap=True)
+    for name in preset_names():
+        s = load_scenario(name)
+        w = s.workload
+        table.add_row(name, f"{s.sla.ttft_p99_ms:g} ms", f"{s.sla.tpot_p99_ms:g} ms" if s.sla.tpot_p99_ms else "-",
+                      "{}..{}".format(*w.input_tokens.bounds), "{}..{}".format(*w.output_tokens.bounds), w.arrival.kind)
+    out.print(table)
+
+
+@cli.command()
+@_storage_option
+@click.option("--study", "study_name")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+def pareto(storage, study_name, as_json):
+    """Print the latest SLA-feasible Pareto front of a study."""
+    study, rdb = _load_study(storage, study_name)
+    snap = latest_snapshot(rdb, study.study_name)
+    if snap is None:
+        raise InputError(f"--study: {study.study_name} has no Pareto snapshot yet (run a study first)")
+    rows = _snapshot_rows(snap)
+    if as_json:
+        click.echo(json.dumps({"study": study.study_name, "created_at": snap.created_at.isoformat(),
+                               "trials_total": snap.trials_total, "trials_feasible": snap.trials_feasible,
+                               "best_trial": snap.best_trial, "front": rows}, indent=2))
+    else:
+        out.print(_front_table(f"SLA-feasible Pareto front of {study.study_name}", rows, snap.best_trial))
+
+
+@cli.command("export")
+@_storage_option
+@click.option("--study", "study_name")
+@click.option("--trial", "trial_number", type=click.IntRange(min=0), help="trial number (default: the best)")
+@click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True)
+def export_cmd(storage, study_name, trial_number, export_path):
+    """Write the YAML of a trial (default: the best SLA-feasible one)."""
+    check_writable(export_path)
+    study, _ = _load_study(storage, study_name)
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    if trial_number is None:
+        trial = best_trial(study, scenario)
+        if trial is None:
+            raise InputError(f"{study.study_name}: no SLA-feasible trial to export; name one with --trial")
+    else:
+        done = {t.number: t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+        if trial_number not in done:
+            raise InputError(f"--trial: {trial_number} is not a completed trial of {study.study_name}")
+        trial = done[trial_number]
+    _export_trial(study, trial, export_path)
+    out.print(f"trial {trial.number} -> {export_path}")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except InputError as error:
+        err.print(f"autotune: error: {error}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        err.print("autotune: interrupted; finished trials are kept", markup=False)
+        sys.exit(130)
+    except click.ClickException as error:
+        err.print(f"autotune: error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)

@@ -1,0 +1,134 @@
+"""Storage: Optuna's RDB storage, plus our own tables beside it (Pareto snapshots)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import optuna
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from tuner.userfile import InputError
+
+DEFAULT_STORAGE = "sqlite:///studies.db"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ParetoSnapshot(Base):
+    """The SLA-feasible Pareto front of a study at the end of one run."""
+
+    __tablename__ = "autotune_pareto_snapshots"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_name: Mapped[str] = mapped_column(String(512), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    trials_total: Mapped[int] = mapped_column(Integer)
+    trials_feasible: Mapped[int] = mapped_column(Integer)
+    best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    members: Mapped[list["ParetoMember"]] = relationship(
+        back_populates="snapshot", cascade="all, delete-orphan", order_by="ParetoMember.ttft_p99_ms"
+    )
+
+
+class ParetoMember(Base):
+    __tablename__ = "autotune_pareto_members"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    snapshot_id: Mapped[int] = mapped_column(ForeignKey("autotune_pareto_snapshots.id"), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)
+    ttft_p99_ms: Mapped[float] = mapped_column(Float)
+    output_tokens_per_s: Mapped[float] = mapped_column(Float)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    snapshot: Mapped[ParetoSnapshot] = relationship(back_populates="members")
+
+
+def check_url(url: str) -> None:
+    """Fail with one clear line before anything is written when a storage cannot be opened."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise InputError(f"--storage: {url!r} is not a database URL (e.g. sqlite:///studies.db, postgresql://host/db)") from None
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:"):
+            raise InputError("--storage: an in-memory SQLite database would lose every trial; give a file")
+        parent = Path(database).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise InputError(f"--storage: directory {parent} does not exist")
+        return
+    try:
+        engine = create_engine(url)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except (SQLAlchemyError, ImportError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: {first}") from None
+
+
+def open_storage(url: str, heartbeat_interval: int | None = None) -> optuna.storages.RDBStorage:
+    check_url(url)
+    try:
+        storage = optuna.storages.RDBStorage(
+            url,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=None if heartbeat_interval is None else 3 * heartbeat_interval,
+        )
+    except Exception as error:  # a file that is not a database, a schema from another Optuna
+        raise InputError(f"--storage: cannot open {url}: {str(error).splitlines()[0]}") from None
+    Base.metadata.create_all(storage.engine)
+    return storage
+
+
+def save_snapshot(
+    storage: optuna.storages.RDBStorage,
+    study_name: str,
+    front: list[optuna.trial.FrozenTrial],
+    trials_total: int,
+    trials_feasible: int,
+    best_trial: int | None,
+) -> int:
+    with Session(storage.engine) as session, session.begin():
+        snapshot = ParetoSnapshot(
+            study_name=study_name,
+            created_at=datetime.now(timezone.utc),
+            trials_total=trials_total,
+            trials_feasible=trials_feasible,
+            best_trial=best_trial,
+            members=[
+                ParetoMember(
+                    trial_number=t.number,
+                    ttft_p99_ms=t.values[0],
+                    output_tokens_per_s=t.values[1],
+                    params=json.loads(json.dumps(t.params)),
+                    metrics=json.loads(json.dumps(t.user_attrs)),
+                )
+                for t in front
+            ],
+        )
+        session.add(snapshot)
+        session.flush()
+        return snapshot.id
+
+
+def latest_snapshot(storage: optuna.storages.RDBStorage, study_name: str) -> ParetoSnapshot | None:
+    with Session(storage.engine, expire_on_commit=False) as session:
+        query = (
+            select(ParetoSnapshot)
+            .where(ParetoSnapshot.study_name == study_name)
+            .order_by(ParetoSnapshot.id.desc())
+            .limit(1)
+        )
+        snapshot = session.scalars(query).first()
+        if snapshot is not None:
+            snapshot.members  # load while the session is open
+        return snapshot

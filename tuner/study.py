@@ -1,0 +1,121 @@
+"""The study loop: ask Optuna for a config, run it, score it, tell Optuna; snapshot the front."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from objectives.scenario import Scenario
+from objectives.scoring import DIRECTIONS, constraint_values, is_feasible, objective_values, pick_best
+from runners.base import Runner
+from runners.measurement import Fault, summarize
+from search_spaces.space import SearchSpace
+from tuner.storage import save_snapshot
+
+
+def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
+    return ".".join([scenario.name, identity["runner"], identity["engine"], identity["model"], identity["hardware"]])
+
+
+@dataclass
+class TrialReport:
+    number: int
+    config: dict[str, Any]
+    status: str  # "feasible", "violates-sla", "infeasible", "fail"
+    values: tuple[float, float] | None = None
+    reason: str = ""
+
+
+@dataclass
+class StudyRun:
+    study: optuna.Study
+    scenario: Scenario
+    space: SearchSpace
+    runner: Runner
+    reports: list[TrialReport] = field(default_factory=list)
+
+
+def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler,
+                 scenario: Scenario, identity: dict[str, str]) -> optuna.Study:
+    study = optuna.create_study(
+        storage=storage, study_name=name, sampler=sampler, directions=list(DIRECTIONS), load_if_exists=True
+    )
+    study.set_user_attr("scenario", scenario.model_dump(mode="json"))
+    study.set_user_attr("identity", identity)
+    return study
+
+
+def _fail(study: optuna.Study, trial: optuna.Trial, config: dict, fault: Fault) -> TrialReport:
+    status = "infeasible" if fault.kind == "infeasible" else "fail"
+    trial.set_user_attr("status", status)
+    trial.set_user_attr("fault_kind", fault.kind)
+    trial.set_user_attr("fault", fault.message)
+    if fault.log_tail:
+        trial.set_user_attr("log_tail", fault.log_tail[-4000:])
+    study.tell(trial, state=TrialState.FAIL)
+    return TrialReport(trial.number, config, status, reason=fault.message)
+
+
+def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
+    scenario, workload = run.scenario, run.scenario.workload
+    config = run.space.suggest(trial)
+    reasons = run.space.violations(config, workload) + run.runner.violations(config, workload)
+    if reasons:
+        return _fail(run.study, trial, config, Fault("infeasible", "; ".join(reasons)))
+    try:
+        measurement = run.runner.run(config, workload)
+    except KeyboardInterrupt:
+        _fail(run.study, trial, config, Fault("interrupted", "interrupted by the user"))
+        raise
+    if measurement.fault is not None:
+        return _fail(run.study, trial, config, measurement.fault)
+    metrics = summarize(measurement, scenario.sla)
+    for key, value in metrics.items():
+        trial.set_user_attr(key, value)
+    for key, value in measurement.extra.items():
+        trial.set_user_attr(f"runner_{key}", value)
+    values = objective_values(metrics)
+    if values is None:
+        return _fail(run.study, trial, config, Fault("error", "no request succeeded: no TTFT or throughput to report"))
+    constraints = constraint_values(metrics, scenario.sla)
+    for key, value in constraints.items():
+        trial.set_constraint(key, value)
+    status = "feasible" if is_feasible(constraints) else "violates-sla"
+    trial.set_user_attr("status", status)
+    run.study.tell(trial, list(values))
+    return TrialReport(trial.number, config, status, values)
+
+
+def optimize(run: StudyRun, trials: int, timeout_s: float | None,
+             on_trial: Callable[[TrialReport], None] = lambda report: None) -> None:
+    started = time.monotonic()
+    for _ in range(trials):
+        if timeout_s is not None and time.monotonic() - started >= timeout_s:
+            break
+        report = run_trial(run, run.study.ask())
+        run.reports.append(report)
+        on_trial(report)
+
+
+def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Optuna's best_trials are the Pareto front of the feasible trials when constraints exist."""
+    front = [t for t in study.best_trials if is_feasible(t.constraints)]
+    return sorted(front, key=lambda t: t.values[0])
+
+
+def best_trial(study: optuna.Study, scenario: Scenario) -> FrozenTrial | None:
+    front = feasible_front(study)
+    key = pick_best([(t.number, t.values[0], t.values[1]) for t in front], scenario.pick, scenario.tie_tolerance)
+    return None if key is None else next(t for t in front if t.number == key)
+
+
+def snapshot(study: optuna.Study, scenario: Scenario, storage: optuna.storages.RDBStorage) -> int:
+    front = feasible_front(study)
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    best = best_trial(study, scenario)
+    feasible = sum(1 for t in done if is_feasible(t.constraints))
+    return save_snapshot(storage, study.study_name, front, len(study.trials), feasible, best.number if best else None)
