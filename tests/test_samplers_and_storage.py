@@ -26,7 +26,7 @@ def _run(storage_url: str, sampler: str, name: str, trials: int = 6):
     space = SearchSpace.load("mindie").fit_workload(scenario.workload)
     storage = open_storage(storage_url)
     study = create_study(storage, name, make_sampler(sampler, 0, space, trials), scenario, runner.identity())
-    run = StudyRun(study, scenario, space, runner)
+    run = StudyRun(study, scenario, space, runner, storage)
     optimize(run, trials, None)
     snapshot(study, scenario, storage)
     return study, storage, run

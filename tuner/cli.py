@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -13,12 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from objectives.scenario import Scenario, load_scenario, preset_names
-from runners.base import RUNNERS
+from runners.base import RUNNERS, Runner
 from search_spaces.space import SearchSpace, parse_config
 from tuner import __version__
 from tuner.export import build_export, check_writable, load_export, write_export
 from tuner.samplers import SAMPLERS, make_sampler
-from tuner.storage import DEFAULT_STORAGE, latest_snapshot, open_storage
+from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage
 from tuner.study import StudyRun, TrialReport, best_trial, create_study, default_study_name, optimize, snapshot
 from tuner.userfile import InputError
 
@@ -80,28 +81,44 @@ def _progress_text(reports: list[TrialReport]) -> str:
     return f"best feasible: #{best.number} {best.values[1]:.0f} tok/s, TTFT p99 {best.values[0]:.0f} ms"
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML")
-@click.option("--runner", "runner_name", default="sim", show_default=True, help=f"one of: {', '.join(RUNNERS)}")
-@click.option("--engine", default="mindie", show_default=True, help="whose knobs to tune: mindie or vllm")
-@click.option("--model", default="qwen2-7b", show_default=True, help="built-in model or a HF model directory")
-@click.option("--hardware", default="ascend-910b2", show_default=True, help="hardware profile name or YAML (sim)")
-@click.option("--space", "space_path", type=click.Path(path_type=Path), help="YAML narrowing the knob ranges")
-@click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--sampler", default="tpe", show_default=True, help=f"one of: {', '.join(SAMPLERS)}")
-@click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="SQLAlchemy URL of the study storage")
-@click.option("--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)")
-@click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True)
-@click.option("--baseline", "baseline_path", type=click.Path(path_type=Path), help="an exported YAML to re-run as the first trial")
-@click.version_option(__version__, prog_name="autotune")
-@click.pass_context
-def cli(ctx, scenario, runner_name, engine, model, hardware, space_path, trials, timeout_s, seed, sampler,
-        storage, study_name, export_path, baseline_path):
-    """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`."""
-    if ctx.invoked_subcommand is not None:
-        return
+TUNE_OPTIONS = [
+    click.option("--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML"),
+    click.option("--runner", "runner_name", default="sim", show_default=True, help=f"one of: {', '.join(RUNNERS)}"),
+    click.option("--engine", default="mindie", show_default=True, help="whose knobs to tune: mindie or vllm"),
+    click.option("--model", default="qwen2-7b", show_default=True, help="built-in model or a HF model directory"),
+    click.option("--hardware", default="ascend-910b2", show_default=True, help="hardware profile name or YAML (sim)"),
+    click.option("--space", "space_path", type=click.Path(path_type=Path), help="YAML narrowing the knob ranges"),
+    click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True),
+    click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds"),
+    click.option("--seed", type=int, default=0, show_default=True),
+    click.option("--sampler", default="tpe", show_default=True, help=f"one of: {', '.join(SAMPLERS)}"),
+    click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="SQLAlchemy URL of the study storage"),
+    click.option("--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)"),
+    click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True),
+    click.option("--baseline", "baseline_path", type=click.Path(path_type=Path), help="an exported YAML to re-run as the first trial"),
+    click.option("--heartbeat", "heartbeat_s", type=click.IntRange(min=1), default=HEARTBEAT_S, show_default=True,
+                 help="seconds between a running trial's heartbeats; 3 missed ones fail it as stale"),
+]
+
+
+def tune_options(f):
+    for option in reversed(TUNE_OPTIONS):
+        f = option(f)
+    return f
+
+
+@dataclass
+class Prepared:
+    scenario: Scenario
+    runner: Runner
+    space: SearchSpace
+    study: optuna.Study
+    storage: optuna.storages.RDBStorage
+
+
+def prepare(scenario, runner_name, engine, model, hardware, space_path, trials, seed, sampler, storage,
+            study_name, export_path, baseline_path, heartbeat_s) -> Prepared:
+    """Validate every input before anything is written, then open (or resume) the study."""
     if scenario is None:
         raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
     chosen = load_scenario(scenario)
@@ -112,7 +129,7 @@ def cli(ctx, scenario, runner_name, engine, model, hardware, space_path, trials,
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
     check_writable(export_path)
-    rdb = open_storage(storage)
+    rdb = open_storage(storage, heartbeat_s)
 
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)
@@ -124,9 +141,12 @@ def cli(ctx, scenario, runner_name, engine, model, hardware, space_path, trials,
         study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
     for note in space.notes:
         err.print(f"[dim]note: {note}[/dim]")
-    err.print(f"study [bold]{name}[/bold] in {rdb.url if hasattr(rdb, 'url') else storage}: {len(study.trials)} earlier trials")
+    return Prepared(chosen, runner, space, study, rdb)
 
-    run = StudyRun(study, chosen, space, runner)
+
+def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None) -> list[TrialReport]:
+    run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage)
+    err.print(f"study [bold]{p.study.study_name}[/bold]: {len(p.study.trials)} earlier trials")
     columns = (TextColumn("trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task("best feasible: none yet", total=trials)
@@ -134,20 +154,51 @@ def cli(ctx, scenario, runner_name, engine, model, hardware, space_path, trials,
         def on_trial(report: TrialReport) -> None:
             progress.update(task, advance=1, description=_progress_text(run.reports))
 
-        optimize(run, trials, timeout_s, on_trial)
+        optimize(run, trials, timeout_s, on_trial, study_total)
+    return run.reports
 
-    snapshot(study, chosen, rdb)
-    snap = latest_snapshot(rdb, name)
-    best = best_trial(study, chosen)
-    failed = sum(1 for r in run.reports if r.status in ("fail", "infeasible"))
-    out.print(_front_table(f"SLA-feasible Pareto front of {name} (TTFT p99 <= {chosen.sla.ttft_p99_ms:g} ms)",
+
+def finish(p: Prepared, reports: list[TrialReport], export_path: Path) -> None:
+    """Snapshot the front, print it, export the best config (exit 3 when none is feasible)."""
+    study, scenario = p.study, p.scenario
+    snapshot(study, scenario, p.storage)
+    snap = latest_snapshot(p.storage, study.study_name)
+    failed = sum(1 for r in reports if r.status in ("fail", "infeasible"))
+    out.print(_front_table(f"SLA-feasible Pareto front of {study.study_name} (TTFT p99 <= {scenario.sla.ttft_p99_ms:g} ms)",
                            _snapshot_rows(snap), snap.best_trial))
-    out.print(f"{len(run.reports)} trials this run ({failed} failed or infeasible), {len(study.trials)} in the study")
+    out.print(f"{len(reports)} trials this run ({failed} failed or infeasible), {len(study.trials)} in the study")
+    best = best_trial(study, scenario)
     if best is None:
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
         sys.exit(EXIT_NO_FEASIBLE)
     _export_trial(study, best, export_path)
-    out.print(f"best: trial {best.number} ({chosen.pick}) -> {export_path}")
+    out.print(f"best: trial {best.number} ({scenario.pick}) -> {export_path}")
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@tune_options
+@click.version_option(__version__, prog_name="autotune")
+@click.pass_context
+def cli(ctx, trials, timeout_s, export_path, **options):
+    """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`.
+
+    --trials is the number of trials this run adds to the study.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    prepared = prepare(trials=trials, export_path=export_path, **options)
+    finish(prepared, tune(prepared, trials, timeout_s), export_path)
+
+
+@cli.command()
+@tune_options
+def worker(trials, timeout_s, export_path, **options):
+    """One of many workers sharing a study (e.g. one per host on PostgreSQL).
+
+    --trials is the total for the study: all workers together run exactly that many.
+    """
+    prepared = prepare(trials=trials, export_path=export_path, **options)
+    finish(prepared, tune(prepared, trials, timeout_s, study_total=trials), export_path)
 
 
 def _storage_option(f):

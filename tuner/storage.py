@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import optuna
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, select
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from tuner.userfile import InputError
@@ -51,6 +52,16 @@ class ParetoMember(Base):
     snapshot: Mapped[ParetoSnapshot] = relationship(back_populates="members")
 
 
+class TrialBudget(Base):
+    """Trials claimed in a study: workers on many hosts claim a slot before running a trial,
+    so together they run exactly the requested number; a crashed trial gives its slot back."""
+
+    __tablename__ = "autotune_trial_budgets"
+
+    study_name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    claimed: Mapped[int] = mapped_column(Integer)
+
+
 def check_url(url: str) -> None:
     """Fail with one clear line before anything is written when a storage cannot be opened."""
     try:
@@ -75,14 +86,24 @@ def check_url(url: str) -> None:
         raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: {first}") from None
 
 
-def open_storage(url: str, heartbeat_interval: int | None = None) -> optuna.storages.RDBStorage:
+HEARTBEAT_S = 10  # a running trial's heartbeat; after 3 missed ones it is failed as stale
+
+
+def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S) -> optuna.storages.RDBStorage:
     check_url(url)
+
+    def give_back_slot(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        release_claim(storage, study.study_name)
+
     try:
-        storage = optuna.storages.RDBStorage(
-            url,
-            heartbeat_interval=heartbeat_interval,
-            grace_period=None if heartbeat_interval is None else 3 * heartbeat_interval,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=heartbeat_s,
+                grace_period=3 * heartbeat_s,
+                heartbeat_stale_trial_callback=give_back_slot,
+            )
     except Exception as error:  # a file that is not a database, a schema from another Optuna
         raise InputError(f"--storage: cannot open {url}: {str(error).splitlines()[0]}") from None
     Base.metadata.create_all(storage.engine)
@@ -132,3 +153,27 @@ def latest_snapshot(storage: optuna.storages.RDBStorage, study_name: str) -> Par
         if snapshot is not None:
             snapshot.members  # load while the session is open
         return snapshot
+
+
+def ensure_budget(storage: optuna.storages.RDBStorage, study_name: str, existing_trials: int) -> None:
+    try:
+        with Session(storage.engine) as session, session.begin():
+            session.add(TrialBudget(study_name=study_name, claimed=existing_trials))
+    except IntegrityError:
+        pass  # another worker created it first
+
+
+def claim_trial(storage: optuna.storages.RDBStorage, study_name: str, total: int | None) -> bool:
+    """Take one trial slot; with a total, only while fewer than `total` are claimed (atomic)."""
+    query = update(TrialBudget).where(TrialBudget.study_name == study_name)
+    if total is not None:
+        query = query.where(TrialBudget.claimed < total)
+    with Session(storage.engine) as session, session.begin():
+        return session.execute(query.values(claimed=TrialBudget.claimed + 1)).rowcount == 1
+
+
+def release_claim(storage: optuna.storages.RDBStorage, study_name: str) -> None:
+    with Session(storage.engine) as session, session.begin():
+        session.execute(
+            update(TrialBudget).where(TrialBudget.study_name == study_name).values(claimed=TrialBudget.claimed - 1)
+        )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -14,7 +18,10 @@ from objectives.scoring import DIRECTIONS, constraint_values, is_feasible, objec
 from runners.base import Runner
 from runners.measurement import Fault, summarize
 from search_spaces.space import SearchSpace
-from tuner.storage import save_snapshot
+from tuner.storage import claim_trial, ensure_budget, save_snapshot
+
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
@@ -36,6 +43,7 @@ class StudyRun:
     scenario: Scenario
     space: SearchSpace
     runner: Runner
+    storage: optuna.storages.RDBStorage
     reports: list[TrialReport] = field(default_factory=list)
 
 
@@ -46,7 +54,29 @@ def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optun
     )
     study.set_user_attr("scenario", scenario.model_dump(mode="json"))
     study.set_user_attr("identity", identity)
+    ensure_budget(storage, name, len(study.trials))
     return study
+
+
+@contextmanager
+def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
+    """Keep the trial's heartbeat while it runs: if this process dies, the next one to open
+    the study sees the heartbeat stop and fails the trial (Optuna's stale-trial check)."""
+    stop = threading.Event()
+    interval = storage.get_heartbeat_interval()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            storage.record_heartbeat(trial._trial_id)
+
+    storage.record_heartbeat(trial._trial_id)
+    thread = threading.Thread(target=beat, daemon=True, name="autotune-heartbeat")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _fail(study: optuna.Study, trial: optuna.Trial, config: dict, fault: Fault) -> TrialReport:
@@ -90,15 +120,31 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     return TrialReport(trial.number, config, status, values)
 
 
+def _running(study: optuna.Study) -> bool:
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
 def optimize(run: StudyRun, trials: int, timeout_s: float | None,
-             on_trial: Callable[[TrialReport], None] = lambda report: None) -> None:
+             on_trial: Callable[[TrialReport], None] = lambda report: None, study_total: int | None = None) -> None:
+    """Run up to `trials` trials. With `study_total`, all workers of the study together run
+    exactly that many: each claims a slot first, and a worker that finds none left waits for
+    the others' running trials, since a dead worker's trial is failed and its slot given back."""
     started = time.monotonic()
-    for _ in range(trials):
-        if timeout_s is not None and time.monotonic() - started >= timeout_s:
+    ran = 0
+    while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
+        optuna.storages.fail_stale_trials(run.study)
+        if claim_trial(run.storage, run.study.study_name, study_total):
+            trial = run.study.ask()
+            trial.set_user_attr("worker", WORKER)
+            with heartbeat(run.storage, trial):
+                report = run_trial(run, trial)
+            run.reports.append(report)
+            on_trial(report)
+            ran += 1
+        elif _running(run.study):
+            time.sleep(min(1.0, run.storage.get_heartbeat_interval()))
+        else:
             break
-        report = run_trial(run, run.study.ask())
-        run.reports.append(report)
-        on_trial(report)
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
