@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import click
 import optuna
@@ -19,7 +22,9 @@ from search_spaces.space import SearchSpace, parse_config
 from tuner import __version__
 from tuner.export import build_export, check_writable, load_export, write_export
 from tuner.samplers import SAMPLERS, make_sampler
-from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage
+from tuner import nightly as night
+from tuner.export import write_atomic
+from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage, study_name_missing
 from tuner.study import StudyRun, TrialReport, best_trial, create_study, default_study_name, optimize, snapshot
 from tuner.userfile import InputError
 
@@ -81,30 +86,36 @@ def _progress_text(reports: list[TrialReport]) -> str:
     return f"best feasible: #{best.number} {best.values[1]:.0f} tok/s, TTFT p99 {best.values[0]:.0f} ms"
 
 
-TUNE_OPTIONS = [
-    click.option("--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML"),
-    click.option("--runner", "runner_name", default="sim", show_default=True, help=f"one of: {', '.join(RUNNERS)}"),
-    click.option("--engine", default="mindie", show_default=True, help="whose knobs to tune: mindie or vllm"),
-    click.option("--model", default="qwen2-7b", show_default=True, help="built-in model or a HF model directory"),
-    click.option("--hardware", default="ascend-910b2", show_default=True, help="hardware profile name or YAML (sim)"),
-    click.option("--space", "space_path", type=click.Path(path_type=Path), help="YAML narrowing the knob ranges"),
-    click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True),
-    click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds"),
-    click.option("--seed", type=int, default=0, show_default=True),
-    click.option("--sampler", default="tpe", show_default=True, help=f"one of: {', '.join(SAMPLERS)}"),
-    click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="SQLAlchemy URL of the study storage"),
-    click.option("--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)"),
-    click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True),
-    click.option("--baseline", "baseline_path", type=click.Path(path_type=Path), help="an exported YAML to re-run as the first trial"),
-    click.option("--heartbeat", "heartbeat_s", type=click.IntRange(min=1), default=HEARTBEAT_S, show_default=True,
+TUNE_OPTIONS = {
+    "scenario": click.option("--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML"),
+    "runner": click.option("--runner", "runner_name", default="sim", show_default=True, help=f"one of: {', '.join(RUNNERS)}"),
+    "engine": click.option("--engine", default="mindie", show_default=True, help="whose knobs to tune: mindie or vllm"),
+    "model": click.option("--model", default="qwen2-7b", show_default=True, help="built-in model or a HF model directory"),
+    "hardware": click.option("--hardware", default="ascend-910b2", show_default=True, help="hardware profile name or YAML (sim)"),
+    "space": click.option("--space", "space_path", type=click.Path(path_type=Path), help="YAML narrowing the knob ranges"),
+    "trials": click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True),
+    "timeout": click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds"),
+    "seed": click.option("--seed", type=int, default=0, show_default=True),
+    "sampler": click.option("--sampler", default="tpe", show_default=True, help=f"one of: {', '.join(SAMPLERS)}"),
+    "storage": click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="SQLAlchemy URL of the study storage"),
+    "study": click.option("--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)"),
+    "export": click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True),
+    "baseline": click.option("--baseline", "baseline_path", type=click.Path(path_type=Path), help="an exported YAML to re-run as the first trial"),
+    "heartbeat": click.option("--heartbeat", "heartbeat_s", type=click.IntRange(min=1), default=HEARTBEAT_S, show_default=True,
                  help="seconds between a running trial's heartbeats; 3 missed ones fail it as stale"),
-]
+}
 
 
-def tune_options(f):
-    for option in reversed(TUNE_OPTIONS):
-        f = option(f)
+def tune_options(f, leave_out: tuple[str, ...] = ()):
+    for name, option in reversed(TUNE_OPTIONS.items()):
+        if name not in leave_out:
+            f = option(f)
     return f
+
+
+def nightly_options(f):
+    """The tuning options less --trials and --baseline: a night has a --budget and an incumbent."""
+    return tune_options(f, leave_out=("trials", "baseline"))
 
 
 @dataclass
@@ -117,7 +128,7 @@ class Prepared:
 
 
 def prepare(scenario, runner_name, engine, model, hardware, space_path, trials, seed, sampler, storage,
-            study_name, export_path, baseline_path, heartbeat_s) -> Prepared:
+            study_name, export_path, baseline_path, heartbeat_s, must_exist: bool = False) -> Prepared:
     """Validate every input before anything is written, then open (or resume) the study."""
     if scenario is None:
         raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
@@ -129,10 +140,11 @@ def prepare(scenario, runner_name, engine, model, hardware, space_path, trials, 
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
     check_writable(export_path)
-    rdb = open_storage(storage, heartbeat_s)
-
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)
+    if must_exist and study_name_missing(storage, name):
+        raise InputError(f"--study: no study {name!r} in {storage}; run `autotune` or `autotune worker` first")
+    rdb = open_storage(storage, heartbeat_s)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = create_study(rdb, name, optuna_sampler, chosen, identity)
     study.set_user_attr("fixed_knobs", space.fixed())
@@ -144,7 +156,8 @@ def prepare(scenario, runner_name, engine, model, hardware, space_path, trials, 
     return Prepared(chosen, runner, space, study, rdb)
 
 
-def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None) -> list[TrialReport]:
+def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None,
+         after_trial: Callable[[], None] = lambda: None) -> list[TrialReport]:
     run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage)
     err.print(f"study [bold]{p.study.study_name}[/bold]: {len(p.study.trials)} earlier trials")
     columns = (TextColumn("trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
@@ -153,6 +166,7 @@ def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | N
 
         def on_trial(report: TrialReport) -> None:
             progress.update(task, advance=1, description=_progress_text(run.reports))
+            after_trial()
 
         optimize(run, trials, timeout_s, on_trial, study_total)
     return run.reports
@@ -199,6 +213,70 @@ def worker(trials, timeout_s, export_path, **options):
     """
     prepared = prepare(trials=trials, export_path=export_path, **options)
     finish(prepared, tune(prepared, trials, timeout_s, study_total=trials), export_path)
+
+
+@cli.command("nightly")
+@nightly_options
+@click.option("--budget", type=click.IntRange(min=1), default=20, show_default=True, help="new trials tonight")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="measurements of incumbent and candidate")
+@click.option("--min-gain", type=click.FloatRange(min=0), default=0.02, show_default=True, help="smallest relative gain that promotes")
+@click.option("--report", "report_path", type=click.Path(path_type=Path), help="markdown report (default: beside --export)")
+def nightly_cmd(budget, repeats, min_gain, report_path, timeout_s, export_path, **options):
+    """Re-tune a study and promote a new config only when it is truly better (for cron).
+
+    Exit status: 0 unchanged, 10 promoted, 20 failed (nothing meets the SLA), 2 bad input or
+    another nightly run holds the lock.
+    """
+    incumbent = load_export(export_path) if export_path.exists() else None
+    report_path = report_path or export_path.with_name(export_path.stem + ".nightly.md")
+    check_writable(report_path)
+    p = prepare(trials=budget, export_path=export_path, baseline_path=None, must_exist=True, **options)
+    engine, name = p.storage.engine, p.study.study_name
+    taken = night.acquire_lock(engine, name)
+    if taken:
+        err.print(f"note: {taken}")
+    try:
+        started = datetime.now(timezone.utc)
+        inc = night.measure(p.runner, p.scenario, incumbent.knobs, repeats) if incumbent else None
+        last = latest_snapshot(p.storage, name)
+        warm = [m.params for m in last.members] if last else []
+        for params in warm:
+            p.study.enqueue_trial(params, skip_if_exists=True)
+        reports = tune(p, budget + len(warm), timeout_s, after_trial=lambda: night.beat_lock(engine, name))
+        snapshot(p.study, p.scenario, p.storage)
+        best = best_trial(p.study, p.scenario)
+        fixed = p.study.user_attrs.get("fixed_knobs", {})
+        cand = night.measure(p.runner, p.scenario, fixed | best.params, repeats) if best else None
+        decision = night.decide(p.scenario, inc, cand, min_gain)
+        if decision.outcome == "promoted":
+            if export_path.exists():
+                write_atomic(export_path.with_name(export_path.name + ".prev"), export_path.read_text())
+            _export_trial(p.study, best, export_path)
+        night.record_night(engine, name, started, decision, inc, cand)
+        write_atomic(report_path, night.report(name, started, decision, inc, cand, best.number if best else None))
+    finally:
+        night.release_lock(engine, name)
+    if decision.drift:
+        err.print("[bold red]DRIFT: the deployed config no longer meets the SLA[/bold red]")
+    out.print(f"{decision.outcome}: {decision.reason} ({len(reports)} trials tonight; report {report_path})")
+    sys.exit({"promoted": night.EXIT_PROMOTED, "unchanged": night.EXIT_UNCHANGED}.get(decision.outcome, night.EXIT_FAILED))
+
+
+@cli.command()
+@click.option("--storage", default=DEFAULT_STORAGE, show_default=True)
+@click.option("--study", "study_name", help="only this study")
+def history(storage, study_name):
+    """List past nightly runs."""
+    rdb = open_storage(storage)
+    table = Table()
+    for column in ("date", "study", "decision", "deployed tok/s", "candidate tok/s", "reason"):
+        table.add_column(column)
+    for n in night.nights(rdb.engine, study_name):
+        inc, cand = n.incumbent or {}, n.candidate or {}
+        table.add_row(f"{n.started_at:%Y-%m-%d %H:%M}", n.study_name, n.decision,
+                      f"{inc.get('output_tokens_per_s_mean', float('nan')):.0f}" if inc else "-",
+                      f"{cand.get('output_tokens_per_s_mean', float('nan')):.0f}" if cand else "-", n.reason)
+    out.print(table)
 
 
 def _storage_option(f):
@@ -274,6 +352,9 @@ def export_cmd(storage, study_name, trial_number, export_path):
 
 
 def main() -> None:
+    # Heartbeats are used with ask/tell on purpose (each trial runs in our own loop).
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     try:
         cli.main(standalone_mode=False)
     except InputError as error:

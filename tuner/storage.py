@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, select, update
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, select, text, update
+from sqlalchemy import inspect as sqlalchemy_inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
@@ -84,6 +85,22 @@ def check_url(url: str) -> None:
     except (SQLAlchemyError, ImportError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: {first}") from None
+
+
+def study_name_missing(url: str, name: str) -> bool:
+    """True when the storage holds no such study; never creates a database to find out."""
+    check_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database).expanduser().exists():
+        return True
+    engine = create_engine(url)
+    try:
+        with engine.connect() as con:
+            if not sqlalchemy_inspect(con).has_table("studies"):
+                return True
+            return con.execute(text("select 1 from studies where study_name = :n"), {"n": name}).first() is None
+    finally:
+        engine.dispose()
 
 
 HEARTBEAT_S = 10  # a running trial's heartbeat; after 3 missed ones it is failed as stale
@@ -177,3 +194,29 @@ def release_claim(storage: optuna.storages.RDBStorage, study_name: str) -> None:
         session.execute(
             update(TrialBudget).where(TrialBudget.study_name == study_name).values(claimed=TrialBudget.claimed - 1)
         )
+
+
+class NightlyRun(Base):
+    """One night of re-tuning: what was measured, what was decided and why."""
+
+    __tablename__ = "autotune_nightly_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_name: Mapped[str] = mapped_column(String(512), index=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    decision: Mapped[str] = mapped_column(String(32))  # promoted, unchanged, failed
+    reason: Mapped[str] = mapped_column(String(2000))
+    incumbent: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    candidate: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class NightlyLock(Base):
+    """At most one nightly run per study; a holder that died is detected and replaced."""
+
+    __tablename__ = "autotune_nightly_locks"
+
+    study_name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(256))  # host:pid
+    acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

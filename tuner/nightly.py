@@ -1,0 +1,194 @@
+"""Nightly re-tuning: re-measure the deployed config, warm-start, and promote only a real win.
+
+Decision (README, "Nightly re-tuning"): the incumbent and the best SLA-feasible candidate are
+each measured `repeats` times, repeat k with workload seed + k, so traffic sampling is part of
+the noise. noise = the larger relative spread (max - min) / mean of the picked objective over
+either's repeats; margin = max(noise, min_gain). The candidate is promoted when it meets the
+SLA in every repeat and beats the incumbent's mean by more than the margin. If the incumbent
+misses the SLA in any repeat (drift), a candidate that meets it in every repeat is promoted
+with no margin.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from objectives.scenario import Scenario
+from objectives.scoring import constraint_values, is_feasible
+from runners.base import Runner
+from runners.measurement import summarize
+from tuner.storage import NightlyLock, NightlyRun
+from tuner.userfile import InputError
+
+EXIT_UNCHANGED, EXIT_PROMOTED, EXIT_FAILED = 0, 10, 20
+LOCK_STALE_AFTER = timedelta(minutes=30)  # no heartbeat for this long: the holder is gone
+ME = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class Repeats:
+    knobs: dict[str, Any]
+    runs: list[dict[str, Any]]  # per repeat: ttft_p99_ms, output_tokens_per_s, feasible, fault
+
+    @property
+    def feasible_all(self) -> bool:
+        return all(r["feasible"] for r in self.runs)
+
+    def mean(self, key: str) -> float:
+        values = [r[key] for r in self.runs if r[key] is not None]
+        return float(np.mean(values)) if values else float("nan")
+
+    def spread(self, key: str) -> float:
+        values = [r[key] for r in self.runs if r[key] is not None]
+        return float((max(values) - min(values)) / np.mean(values)) if len(values) > 1 else 0.0
+
+    def as_record(self) -> dict[str, Any]:
+        return {"knobs": self.knobs, "repeats": self.runs, "feasible_all": self.feasible_all,
+                "ttft_p99_ms_mean": self.mean("ttft_p99_ms"), "output_tokens_per_s_mean": self.mean("output_tokens_per_s")}
+
+
+def measure(runner: Runner, scenario: Scenario, knobs: dict[str, Any], repeats: int) -> Repeats:
+    runs = []
+    for k in range(repeats):
+        workload = scenario.workload.model_copy(update={"seed": scenario.workload.seed + k})
+        m = runner.run(knobs, workload)
+        if m.fault is not None:
+            runs.append({"ttft_p99_ms": None, "output_tokens_per_s": None, "feasible": False, "fault": m.fault.message})
+            continue
+        metrics = summarize(m, scenario.sla)
+        ok = metrics["ttft_p99_ms"] is not None and is_feasible(constraint_values(metrics, scenario.sla))
+        runs.append({"ttft_p99_ms": metrics["ttft_p99_ms"], "output_tokens_per_s": metrics["output_tokens_per_s"],
+                     "feasible": ok, "fault": None})
+    return Repeats(knobs, runs)
+
+
+@dataclass
+class Decision:
+    outcome: str  # promoted, unchanged, failed
+    reason: str
+    drift: bool = False
+    margin: float = 0.0
+
+
+def decide(scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | None, min_gain: float) -> Decision:
+    drift = incumbent is not None and not incumbent.feasible_all
+    if candidate is None or not candidate.feasible_all:
+        why = "no candidate met the SLA" if candidate is None else "the best candidate missed the SLA in a repeat"
+        if incumbent is None or drift:
+            return Decision("failed", f"{why}, and no deployed config meets it either", drift)
+        return Decision("unchanged", why)
+    if incumbent is None:
+        return Decision("promoted", "no deployed config yet")
+    if candidate.knobs == incumbent.knobs:
+        return Decision("unchanged", "the best candidate is the deployed config", drift)
+    if drift:
+        return Decision("promoted", "the deployed config no longer meets the SLA (drift); promoted without margin", True)
+    objectives = [("output_tokens_per_s", 1, "throughput"), ("ttft_p99_ms", -1, "TTFT p99")]
+    if scenario.pick == "min-ttft":
+        objectives.reverse()
+    # The picked objective decides; when it ties (as the pick rule counts ties), the other one.
+    for rank, (key, sign, label) in enumerate(objectives):
+        margin = max(min_gain, incumbent.spread(key), candidate.spread(key))
+        gain = sign * (candidate.mean(key) / incumbent.mean(key) - 1)
+        if gain > margin:
+            return Decision("promoted", f"{label} better by {gain:.1%}, more than the margin {margin:.1%}", margin=margin)
+        if rank == 0 and abs(gain) > scenario.tie_tolerance:
+            break
+    return Decision("unchanged", f"{label} better by {gain:.1%}, not more than the margin {margin:.1%}", margin=margin)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale(lock: NightlyLock, now: datetime) -> bool:
+    host, _, pid = lock.holder.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
+        return True
+    beat = lock.beat_at if lock.beat_at.tzinfo else lock.beat_at.replace(tzinfo=timezone.utc)
+    return now - beat > LOCK_STALE_AFTER
+
+
+def acquire_lock(engine, study_name: str) -> str | None:
+    """Take the study's nightly lock; returns a note when a stale lock was taken over."""
+    now = datetime.now(timezone.utc)
+    try:
+        with Session(engine) as session, session.begin():
+            session.add(NightlyLock(study_name=study_name, holder=ME, acquired_at=now, beat_at=now))
+        return None
+    except IntegrityError:
+        pass
+    with Session(engine) as session, session.begin():
+        lock = session.get(NightlyLock, study_name)
+        if lock is None:
+            raise InputError(f"nightly lock of {study_name}: released while being checked; run again")
+        if not _stale(lock, now):
+            raise InputError(f"another nightly run of {study_name} holds the lock ({lock.holder}, since "
+                             f"{lock.acquired_at:%Y-%m-%d %H:%M:%S}); not starting a second one")
+        old = lock.holder
+        taken = session.execute(
+            update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == old)
+            .values(holder=ME, acquired_at=now, beat_at=now)
+        ).rowcount
+    if taken != 1:
+        raise InputError(f"another nightly run of {study_name} took over the stale lock first")
+    return f"took over a stale nightly lock left by {old}"
+
+
+def beat_lock(engine, study_name: str) -> None:
+    with Session(engine) as session, session.begin():
+        session.execute(update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == ME)
+                        .values(beat_at=datetime.now(timezone.utc)))
+
+
+def release_lock(engine, study_name: str) -> None:
+    with Session(engine) as session, session.begin():
+        session.execute(delete(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == ME))
+
+
+def record_night(engine, study_name: str, started: datetime, decision: Decision,
+                 incumbent: Repeats | None, candidate: Repeats | None) -> None:
+    with Session(engine) as session, session.begin():
+        session.add(NightlyRun(
+            study_name=study_name, started_at=started, finished_at=datetime.now(timezone.utc),
+            decision=decision.outcome, reason=decision.reason[:2000],
+            incumbent=incumbent.as_record() if incumbent else None,
+            candidate=candidate.as_record() if candidate else None,
+        ))
+
+
+def nights(engine, study_name: str | None) -> list[NightlyRun]:
+    query = select(NightlyRun).order_by(NightlyRun.id)
+    if study_name:
+        query = query.where(NightlyRun.study_name == study_name)
+    with Session(engine) as session:
+        return list(session.scalars(query))
+
+
+def report(study_name: str, started: datetime, decision: Decision,
+           incumbent: Repeats | None, candidate: Repeats | None, candidate_trial: int | None) -> str:
+    lines = [f"# autotune nightly: {study_name}", "", f"{started:%Y-%m-%d %H:%M} UTC", ""]
+    if decision.drift:
+        lines += ["## DRIFT: the deployed config no longer meets the SLA", ""]
+    lines += [f"**Decision: {decision.outcome}.** {decision.reason}", "",
+              "| config | repeats meeting SLA | TTFT p99 ms (mean) | output tok/s (mean) |", "|---|---|---|---|"]
+    for label, r in (("deployed", incumbent), (f"candidate (trial {candidate_trial})", candidate)):
+        if r is not None:
+            met = sum(run["feasible"] for run in r.runs)
+            lines.append(f"| {label} | {met}/{len(r.runs)} | {r.mean('ttft_p99_ms'):.0f} | {r.mean('output_tokens_per_s'):.0f} |")
+    return "\n".join(lines) + "\n"
