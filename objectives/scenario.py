@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from importlib import resources
-from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from tuner.userfile import InputError, load_yaml
+from tuner import userfile
 
 
 class _Strict(BaseModel):
@@ -136,18 +135,9 @@ PRESETS = resources.files("objectives") / "presets"
 
 
 def preset_names() -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml"))
+    return userfile.preset_names(PRESETS)
 
 
 def load_scenario(name_or_path: str) -> Scenario:
     """A preset name (see `autotune scenarios`) or the path of a user's YAML file."""
-    if name_or_path in preset_names():
-        with resources.as_file(PRESETS / f"{name_or_path}.yaml") as path:
-            return load_yaml(path, Scenario)
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return load_yaml(path, Scenario)
-    raise InputError(
-        f"--scenario: unknown scenario {name_or_path!r}; presets: {', '.join(preset_names())} "
-        "(or give the path of a YAML file)"
-    )
+    return userfile.load_preset_or_file(PRESETS, name_or_path, Scenario, "--scenario: unknown scenario")

@@ -9,7 +9,6 @@ from pathlib import Path
 import optuna
 import yaml
 
-from objectives.scenario import Scenario
 from objectives.scoring import is_feasible
 from search_spaces.knobs import render
 from tests.conftest import run_autotune

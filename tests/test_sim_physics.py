@@ -8,7 +8,7 @@ import pytest
 from objectives.scenario import Closed, Fixed, Poisson
 from runners.measurement import summarize
 from runners.sim.costs import CostModel
-from runners.sim.engine import Scheduler, Simulation
+from runners.sim.engine import Simulation
 from runners.sim.profiles import QWEN2_7B, load_hardware
 from runners.sim.runner import DEFAULTS, SimRunner
 from runners.workload import make_requests

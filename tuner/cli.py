@@ -215,6 +215,10 @@ def worker(trials, timeout_s, export_path, **options):
     finish(prepared, tune(prepared, trials, timeout_s, study_total=trials), export_path)
 
 
+def _storage_option(f):
+    return click.option("--storage", default=DEFAULT_STORAGE, show_default=True)(f)
+
+
 @cli.command("nightly")
 @nightly_options
 @click.option("--budget", type=click.IntRange(min=1), default=20, show_default=True, help="new trials tonight")
@@ -263,7 +267,7 @@ def nightly_cmd(budget, repeats, min_gain, report_path, timeout_s, export_path, 
 
 
 @cli.command()
-@click.option("--storage", default=DEFAULT_STORAGE, show_default=True)
+@_storage_option
 @click.option("--study", "study_name", help="only this study")
 def history(storage, study_name):
     """List past nightly runs."""
@@ -277,10 +281,6 @@ def history(storage, study_name):
                       f"{inc.get('output_tokens_per_s_mean', float('nan')):.0f}" if inc else "-",
                       f"{cand.get('output_tokens_per_s_mean', float('nan')):.0f}" if cand else "-", n.reason)
     out.print(table)
-
-
-def _storage_option(f):
-    return click.option("--storage", default=DEFAULT_STORAGE, show_default=True)(f)
 
 
 def _load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:

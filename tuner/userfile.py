@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import resources
+from importlib.abc import Traversable
 from pathlib import Path
 from typing import TypeVar
 
@@ -47,3 +49,21 @@ def read_yaml(path: Path) -> object:
 
 def load_yaml(path: Path, model: type[M]) -> M:
     return validate(model, read_yaml(path), str(path))
+
+
+def preset_names(folder: Traversable) -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset_or_file(folder: Traversable, name_or_path: str, model: type[M], unknown: str) -> M:
+    """A preset shipped in `folder` by name, or the path of a user's YAML file.
+
+    `unknown` starts the error for a name that is neither (the flag and what it names)."""
+    names = preset_names(folder)
+    if name_or_path in names:
+        with resources.as_file(folder / f"{name_or_path}.yaml") as path:
+            return load_yaml(path, model)
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return load_yaml(path, model)
+    raise InputError(f"{unknown} {name_or_path!r}; presets: {', '.join(names)} (or the path of a YAML file)")

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
-from tuner.userfile import InputError, load_yaml
+from tuner.userfile import InputError, load_preset_or_file, preset_names
 
 
 @dataclass(frozen=True)
@@ -119,15 +119,9 @@ HARDWARE = resources.files("runners.sim") / "hardware"
 
 
 def hardware_names() -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in HARDWARE.iterdir() if p.name.endswith(".yaml"))
+    return preset_names(HARDWARE)
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
     """A built-in profile name, or the path of a user's (e.g. measured) profile."""
-    if name_or_path in hardware_names():
-        with resources.as_file(HARDWARE / f"{name_or_path}.yaml") as path:
-            return load_yaml(path, HardwareProfile)
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return load_yaml(path, HardwareProfile)
-    raise InputError(f"--hardware: unknown profile {name_or_path!r}; built in: {', '.join(hardware_names())}")
+    return load_preset_or_file(HARDWARE, name_or_path, HardwareProfile, "--hardware: unknown profile")
