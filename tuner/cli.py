@@ -20,10 +20,9 @@ from objectives.scenario import Scenario, load_scenario, preset_names
 from runners.base import RUNNERS, Runner
 from search_spaces.space import SearchSpace, parse_config
 from tuner import __version__
-from tuner.export import build_export, check_writable, load_export, write_export
-from tuner.samplers import SAMPLERS, make_sampler
 from tuner import nightly as night
-from tuner.export import write_atomic
+from tuner.export import build_export, check_writable, load_export, write_atomic, write_export
+from tuner.samplers import SAMPLERS, make_sampler
 from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage, study_name_missing
 from tuner.study import StudyRun, TrialReport, best_trial, create_study, default_study_name, optimize, snapshot
 from tuner.userfile import InputError
