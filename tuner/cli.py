@@ -24,7 +24,8 @@ from tuner import nightly as night
 from tuner.export import build_export, check_writable, load_export, write_atomic, write_export
 from tuner.samplers import SAMPLERS, make_sampler
 from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage, study_name_missing
-from tuner.study import StudyRun, TrialReport, best_trial, create_study, default_study_name, optimize, snapshot
+from tuner.study import (StudyRun, TrialReport, best_trial, create_study, default_study_name, optimize, snapshot,
+                         trial_knobs)
 from tuner.userfile import InputError
 
 EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was exported
@@ -70,10 +71,8 @@ def _snapshot_rows(snap) -> list[dict]:
 
 def _export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, path: Path) -> None:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
-    fixed = study.user_attrs.get("fixed_knobs", {})
-    metrics = {k: v for k, v in trial.user_attrs.items()}
     exported = build_export(study.study_name, trial.number, scenario.name, scenario.sla.model_dump(),
-                            study.user_attrs["identity"], fixed | trial.params, metrics)
+                            study.user_attrs["identity"], trial_knobs(study, trial), dict(trial.user_attrs))
     write_export(path, exported)
 
 
@@ -248,8 +247,7 @@ def nightly_cmd(budget, repeats, min_gain, report_path, timeout_s, export_path, 
         reports = tune(p, budget + len(warm), timeout_s, after_trial=lambda: night.beat_lock(engine, name))
         snapshot(p.study, p.scenario, p.storage)
         best = best_trial(p.study, p.scenario)
-        fixed = p.study.user_attrs.get("fixed_knobs", {})
-        cand = night.measure(p.runner, p.scenario, fixed | best.params, repeats) if best else None
+        cand = night.measure(p.runner, p.scenario, trial_knobs(p.study, best), repeats) if best else None
         decision = night.decide(p.scenario, inc, cand, min_gain)
         if decision.outcome == "promoted":
             if export_path.exists():

@@ -27,11 +27,11 @@ from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner
 from runners.measurement import summarize
 from tuner.storage import NightlyLock, NightlyRun
+from tuner.study import WORKER
 from tuner.userfile import InputError
 
 EXIT_UNCHANGED, EXIT_PROMOTED, EXIT_FAILED = 0, 10, 20
 LOCK_STALE_AFTER = timedelta(minutes=30)  # no heartbeat for this long: the holder is gone
-ME = f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass
@@ -76,7 +76,6 @@ class Decision:
     outcome: str  # promoted, unchanged, failed
     reason: str
     drift: bool = False
-    margin: float = 0.0
 
 
 def decide(scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | None, min_gain: float) -> Decision:
@@ -100,10 +99,10 @@ def decide(scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | N
         margin = max(min_gain, incumbent.spread(key), candidate.spread(key))
         gain = sign * (candidate.mean(key) / incumbent.mean(key) - 1)
         if gain > margin:
-            return Decision("promoted", f"{label} better by {gain:.1%}, more than the margin {margin:.1%}", margin=margin)
+            return Decision("promoted", f"{label} better by {gain:.1%}, more than the margin {margin:.1%}")
         if rank == 0 and abs(gain) > scenario.tie_tolerance:
             break
-    return Decision("unchanged", f"{label} better by {gain:.1%}, not more than the margin {margin:.1%}", margin=margin)
+    return Decision("unchanged", f"{label} better by {gain:.1%}, not more than the margin {margin:.1%}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -129,7 +128,7 @@ def acquire_lock(engine, study_name: str) -> str | None:
     now = datetime.now(timezone.utc)
     try:
         with Session(engine) as session, session.begin():
-            session.add(NightlyLock(study_name=study_name, holder=ME, acquired_at=now, beat_at=now))
+            session.add(NightlyLock(study_name=study_name, holder=WORKER, acquired_at=now, beat_at=now))
         return None
     except IntegrityError:
         pass
@@ -143,7 +142,7 @@ def acquire_lock(engine, study_name: str) -> str | None:
         old = lock.holder
         taken = session.execute(
             update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == old)
-            .values(holder=ME, acquired_at=now, beat_at=now)
+            .values(holder=WORKER, acquired_at=now, beat_at=now)
         ).rowcount
     if taken != 1:
         raise InputError(f"another nightly run of {study_name} took over the stale lock first")
@@ -152,13 +151,13 @@ def acquire_lock(engine, study_name: str) -> str | None:
 
 def beat_lock(engine, study_name: str) -> None:
     with Session(engine) as session, session.begin():
-        session.execute(update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == ME)
+        session.execute(update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER)
                         .values(beat_at=datetime.now(timezone.utc)))
 
 
 def release_lock(engine, study_name: str) -> None:
     with Session(engine) as session, session.begin():
-        session.execute(delete(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == ME))
+        session.execute(delete(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER))
 
 
 def record_night(engine, study_name: str, started: datetime, decision: Decision,

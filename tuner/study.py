@@ -147,6 +147,11 @@ def optimize(run: StudyRun, trials: int, timeout_s: float | None,
             break
 
 
+def trial_knobs(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+    """Every knob of a trial: the sampled ones and those the search space held fixed."""
+    return study.user_attrs.get("fixed_knobs", {}) | trial.params
+
+
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
     """Optuna's best_trials are the Pareto front of the feasible trials when constraints exist."""
     front = [t for t in study.best_trials if is_feasible(t.constraints)]
