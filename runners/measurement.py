@@ -3,6 +3,7 @@
 Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
 - TTFT: from sending a request to its first output token.
 - TPOT: (E2EL - TTFT) / (output_tokens - 1), for requests with more than one output token.
+- ITL: the gaps between consecutive streamed chunks that carry text (real engines only).
 - E2EL: from sending a request to its last output token.
 - duration: from the first request sent to the last request finished.
 - output throughput: output tokens of successful requests / duration; total adds input tokens.
@@ -44,13 +45,15 @@ class Measurement:
     output_tokens: np.ndarray
     ok: np.ndarray
     peak_kv_usage: float | None = None
+    itl_s: np.ndarray | None = None  # every inter-chunk gap of successful requests
     fault: Fault | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def failed(cls, fault: Fault) -> "Measurement":
+    def failed(cls, fault: Fault, extra: dict[str, Any] | None = None) -> "Measurement":
         empty = np.empty(0)
-        return cls(empty, empty, empty, empty.astype(int), empty.astype(int), empty.astype(bool), fault=fault)
+        return cls(empty, empty, empty, empty.astype(int), empty.astype(int), empty.astype(bool), fault=fault,
+                   extra=extra or {})
 
     @property
     def sent(self) -> int:
@@ -95,5 +98,7 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
     metrics |= _percentiles("ttft", ttft, (50, 90, 99))
     metrics |= _percentiles("tpot", tpot, (50, 99))
     metrics |= _percentiles("e2el", e2el, (50, 99))
+    if m.itl_s is not None:
+        metrics |= _percentiles("itl", m.itl_s, (50, 99))
     metrics["p99_low_samples"] = int(ttft.size) < P99_MIN_SAMPLES
     return metrics

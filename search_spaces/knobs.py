@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-ENGINES = ("mindie", "vllm")
+ENGINES = ("mindie", "vllm", "llamacpp")
 QUANTIZATIONS = ("bf16", "fp16", "w8a8", "w8a16", "w4a16")
 SELECT_BATCH_MODES = ("prefill-first", "decode-first")
 
@@ -27,6 +27,7 @@ class Knob:
     limits: tuple[float, float] | None = None  # hard bounds for numeric knobs
     allowed: tuple[Any, ...] | None = None  # every value a categorical knob may take
     render: dict[str, Renderer] = field(default_factory=dict)
+    engine_allowed: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # an engine's subset of values
 
 
 def _schedule(field_name: str, convert: Callable[[Any], Any] = int) -> Renderer:
@@ -59,6 +60,23 @@ def _vllm_kv_compression(ratio: float) -> dict[str, Any]:
     raise ValueError(f"vllm can only keep 1.0 or 0.5 of the KV bytes, not {ratio}")
 
 
+# llama.cpp's CPU kernels quantize activations to 8 bits for both Q8_0 and Q4_0 weights.
+LLAMACPP_GGUF_TYPES = {"bf16": "BF16", "fp16": "F16", "w8a8": "Q8_0", "w4a16": "Q4_0"}
+_LLAMACPP_KV_TYPES = {1.0: "f16", 0.5: "q8_0"}
+
+
+def _llamacpp_kv_compression(ratio: float) -> dict[str, Any]:
+    if ratio not in _LLAMACPP_KV_TYPES:
+        raise ValueError(f"llamacpp can only keep 1.0 or 0.5 of the KV bytes, not {ratio}")
+    kind = _LLAMACPP_KV_TYPES[ratio]
+    flash = ["-fa", "on"] if kind != "f16" else []  # a quantized V cache needs flash attention
+    return {"args": ["-ctk", kind, "-ctv", kind, *flash]}
+
+
+def _llamacpp_prefill_tokens(tokens: int) -> dict[str, Any]:
+    return {"args": ["-b", str(tokens), "-ub", str(tokens)]}
+
+
 def _mindie_kv_compression(ratio: float) -> dict[str, Any]:
     if ratio == 1.0:
         return {}
@@ -72,7 +90,8 @@ KNOBS: dict[str, Knob] = {
         Knob(
             "batch_size", "int", "most sequences running at once",
             limits=(1, 5000),
-            render={"mindie": _schedule("maxBatchSize"), "vllm": _args("--max-num-seqs", "{value}")},
+            render={"mindie": _schedule("maxBatchSize"), "vllm": _args("--max-num-seqs", "{value}"),
+                    "llamacpp": _args("-np", "{value}")},
         ),
         Knob(
             "select_batch", "categorical", "prefill-first lowers TTFT, decode-first raises throughput",
@@ -88,17 +107,22 @@ KNOBS: dict[str, Knob] = {
             render={
                 "mindie": _schedule("maxPrefillTokens"),
                 "vllm": _args("--max-num-batched-tokens", "{value}"),
+                "llamacpp": _llamacpp_prefill_tokens,
             },
         ),
         Knob(
             "quantization", "categorical", "weights precision",
             allowed=QUANTIZATIONS,
-            render={"mindie": lambda precision: {"weights": precision}, "vllm": _vllm_quantization},
+            render={"mindie": lambda precision: {"weights": precision}, "vllm": _vllm_quantization,
+                    "llamacpp": lambda precision: {"weights": precision}},
+            engine_allowed={"llamacpp": tuple(LLAMACPP_GGUF_TYPES)},
         ),
         Knob(
             "kv_compression", "float", "fraction of KV-cache bytes kept (1.0 = off)",
             limits=(0.05, 1.0),
-            render={"mindie": _mindie_kv_compression, "vllm": _vllm_kv_compression},
+            render={"mindie": _mindie_kv_compression, "vllm": _vllm_kv_compression,
+                    "llamacpp": _llamacpp_kv_compression},
+            engine_allowed={"vllm": (1.0, 0.5), "llamacpp": tuple(_LLAMACPP_KV_TYPES)},
         ),
         Knob(
             "max_prefill_batch_size", "int", "most requests in one prefill step (MindIE)",

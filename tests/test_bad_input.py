@@ -81,6 +81,34 @@ CASES = {
     "storage unreachable": (
         lambda tmp, sc: ["--scenario", str(sc), "--storage", "postgresql+psycopg://127.0.0.1:1/test"], "--storage"),
     "export dir missing": (lambda tmp, sc: ["--scenario", str(sc), "--export", f"{tmp}/no/dir/best.yaml"], "--export"),
+    "engine runner without a command": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--model", str(tmp)], "--engine-cmd"),
+    "engine model not a directory": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "llamacpp", "--engine-cmd", "/bin/true",
+                         "--model", str(tmp / "no-model")], "--model"),
+    "engine command not found": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--engine-cmd", str(tmp / "no-vllm"),
+                         "--model", str(tmp)], "--engine-cmd"),
+    "llama.cpp converter not found": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "llamacpp", "--engine-cmd", "/bin/true",
+                         "--model", str(tmp)], "convert_script"),
+    "runner config unknown field": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--runner-config",
+                         _write(tmp / "runner.yaml", f"engine_cmd: [vllm]\nmodel: {tmp}\nportt: 8000\n")],
+        "runner.yaml: portt: Extra inputs are not permitted"),
+    "runner config port out of range": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--runner-config",
+                         _write(tmp / "runner.yaml", f"engine_cmd: [vllm]\nmodel: {tmp}\nport: 70000\n")],
+        "runner.yaml: port:"),
+    "runner config missing": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "llamacpp", "--runner-config", str(tmp / "nope.yaml")],
+        "file not found"),
+    "sim given an engine command": (lambda tmp, sc: ["--scenario", str(sc), "--engine-cmd", "vllm"], "--engine-cmd"),
+    "sim with an engine it cannot simulate": (lambda tmp, sc: ["--scenario", str(sc), "--engine", "llamacpp"], "--engine"),
+    "openai with neither command nor url": (lambda tmp, sc: ["--scenario", str(sc), "--runner", "openai"], "base_url"),
+    "mindie installation missing": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "mindie", "--runner-config",
+                         _write(tmp / "runner.yaml", f"install_dir: {tmp}/no-mindie\n")], "install_dir"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import warnings
 from dataclasses import dataclass
@@ -39,6 +40,15 @@ def _make_runner(name: str, **options):
     if name not in RUNNERS:
         raise InputError(f"--runner: unknown runner {name!r}; allowed: {', '.join(RUNNERS)}")
     return RUNNERS[name](**options)
+
+
+def _interrupt_on_sigterm() -> None:
+    """systemd and Kubernetes stop with SIGTERM: treat it as Ctrl-C so the engine is stopped too."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _front_table(title: str, rows: list[dict], best: int | None) -> Table:
@@ -87,9 +97,11 @@ def _progress_text(reports: list[TrialReport]) -> str:
 TUNE_OPTIONS = {
     "scenario": click.option("--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML"),
     "runner": click.option("--runner", "runner_name", default="sim", show_default=True, help=f"one of: {', '.join(RUNNERS)}"),
-    "engine": click.option("--engine", default="mindie", show_default=True, help="whose knobs to tune: mindie or vllm"),
-    "model": click.option("--model", default="qwen2-7b", show_default=True, help="built-in model or a HF model directory"),
-    "hardware": click.option("--hardware", default="ascend-910b2", show_default=True, help="hardware profile name or YAML (sim)"),
+    "engine": click.option("--engine", default="mindie", show_default=True, help="sim only: whose knobs to simulate, mindie or vllm"),
+    "model": click.option("--model", help="sim: built-in model (default qwen2-7b); engines: a HF model directory"),
+    "hardware": click.option("--hardware", help="sim: hardware profile or YAML (default ascend-910b2); engines: a label (default: host name)"),
+    "engine_cmd": click.option("--engine-cmd", help="the engine's executable (vllm, llama-server, ...) or the Python of vLLM's venv"),
+    "runner_config": click.option("--runner-config", type=click.Path(path_type=Path), help="YAML of runner settings (engine command, weights, env, ports, timeouts)"),
     "space": click.option("--space", "space_path", type=click.Path(path_type=Path), help="YAML narrowing the knob ranges"),
     "trials": click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True),
     "timeout": click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds"),
@@ -125,14 +137,15 @@ class Prepared:
     storage: optuna.storages.RDBStorage
 
 
-def prepare(scenario, runner_name, engine, model, hardware, space_path, trials, seed, sampler, storage,
-            study_name, export_path, baseline_path, heartbeat_s, must_exist: bool = False) -> Prepared:
+def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_config, space_path, trials, seed,
+            sampler, storage, study_name, export_path, baseline_path, heartbeat_s, must_exist: bool = False) -> Prepared:
     """Validate every input before anything is written, then open (or resume) the study."""
     if scenario is None:
         raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
     chosen = load_scenario(scenario)
-    runner = _make_runner(runner_name, engine=engine, model=model, hardware=hardware)
-    space = SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload)
+    runner = _make_runner(runner_name, engine=engine, model=model, hardware=hardware, engine_cmd=engine_cmd,
+                          runner_config=runner_config)
+    space = runner.adapt(SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload))
     optuna_sampler = make_sampler(sampler, seed, space, trials)
     baseline = None
     if baseline_path is not None:
@@ -352,12 +365,13 @@ def main() -> None:
     # Heartbeats are used with ask/tell on purpose (each trial runs in our own loop).
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    _interrupt_on_sigterm()
     try:
         cli.main(standalone_mode=False)
     except InputError as error:
         err.print(f"autotune: error: {error}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         err.print("autotune: interrupted; finished trials are kept", markup=False)
         sys.exit(130)
     except click.ClickException as error:

@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 import tuner
-from search_spaces.knobs import render
+from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
 from tuner.userfile import InputError, load_yaml
 
 
@@ -35,7 +35,7 @@ class ExportedConfig(BaseModel):
 
 
 def native_forms(knobs: dict[str, Any]) -> dict[str, Any]:
-    """MindIE's config.json fragment and the equivalent `vllm serve` arguments."""
+    """MindIE's config.json fragment and the equivalent `vllm serve` and `llama-server` arguments."""
     mindie = render("mindie", knobs)
     forms: dict[str, Any] = {
         "mindie": {
@@ -49,6 +49,14 @@ def native_forms(knobs: dict[str, Any]) -> dict[str, Any]:
         forms["vllm"] = {"serve_args": vllm.get("args", []), "weights_precision": vllm.get("weights", knobs.get("quantization", "bf16"))}
     except ValueError as error:
         forms["vllm"] = {"not_expressible": str(error)}
+    precision = knobs.get("quantization", "bf16")
+    try:
+        if precision not in LLAMACPP_GGUF_TYPES:
+            raise ValueError(f"llama.cpp has no GGUF type for {precision}")
+        forms["llamacpp"] = {"server_args": render("llamacpp", knobs).get("args", []),
+                             "gguf_type": LLAMACPP_GGUF_TYPES[precision]}
+    except ValueError as error:
+        forms["llamacpp"] = {"not_expressible": str(error)}
     return forms
 
 

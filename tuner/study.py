@@ -79,14 +79,30 @@ def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
         thread.join()
 
 
+def _tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None = None,
+          state: TrialState | None = None) -> None:
+    try:
+        study.tell(trial, values, state=state)
+    except RuntimeError as error:
+        # GridSampler ends a finished grid with Study.stop(), which works only inside optimize();
+        # Optuna stores the trial before that, and our loop stops on an exhausted grid itself.
+        if "Study.stop" not in str(error):
+            raise
+
+
+def _grid_exhausted(study: optuna.Study) -> bool:
+    sampler = study.sampler
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
+
+
 def _fail(study: optuna.Study, trial: optuna.Trial, config: dict, fault: Fault) -> TrialReport:
-    status = "infeasible" if fault.kind == "infeasible" else "fail"
+    status = "infeasible" if fault.kind in ("infeasible", "sla-violated") else "fail"
     trial.set_user_attr("status", status)
     trial.set_user_attr("fault_kind", fault.kind)
     trial.set_user_attr("fault", fault.message)
     if fault.log_tail:
         trial.set_user_attr("log_tail", fault.log_tail[-4000:])
-    study.tell(trial, state=TrialState.FAIL)
+    _tell(study, trial, state=TrialState.FAIL)
     return TrialReport(trial.number, config, status, reason=fault.message)
 
 
@@ -97,17 +113,20 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     if reasons:
         return _fail(run.study, trial, config, Fault("infeasible", "; ".join(reasons)))
     try:
-        measurement = run.runner.run(config, workload)
+        measurement = run.runner.run(config, workload, scenario.sla)
     except KeyboardInterrupt:
         _fail(run.study, trial, config, Fault("interrupted", "interrupted by the user"))
         raise
+    for key, value in measurement.extra.items():
+        trial.set_user_attr(f"runner_{key}", value)
     if measurement.fault is not None:
+        if measurement.sent:  # partial metrics of an early-rejected or failed load
+            for key, value in summarize(measurement, scenario.sla).items():
+                trial.set_user_attr(f"partial_{key}", value)
         return _fail(run.study, trial, config, measurement.fault)
     metrics = summarize(measurement, scenario.sla)
     for key, value in metrics.items():
         trial.set_user_attr(key, value)
-    for key, value in measurement.extra.items():
-        trial.set_user_attr(f"runner_{key}", value)
     values = objective_values(metrics)
     if values is None:
         return _fail(run.study, trial, config, Fault("error", "no request succeeded: no TTFT or throughput to report"))
@@ -116,7 +135,7 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
         trial.set_constraint(key, value)
     status = "feasible" if is_feasible(constraints) else "violates-sla"
     trial.set_user_attr("status", status)
-    run.study.tell(trial, list(values))
+    _tell(run.study, trial, list(values))
     return TrialReport(trial.number, config, status, values)
 
 
@@ -141,6 +160,8 @@ def optimize(run: StudyRun, trials: int, timeout_s: float | None,
             run.reports.append(report)
             on_trial(report)
             ran += 1
+            if _grid_exhausted(run.study):
+                break
         elif _running(run.study):
             time.sleep(min(1.0, run.storage.get_heartbeat_interval()))
         else:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from objectives.scenario import Workload
+from objectives.scenario import SLA, Workload
 from runners.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
 from runners.sim.engine import Scheduler, Simulation
 from runners.sim.profiles import load_hardware, load_model
 from runners.workload import make_requests
-from search_spaces.knobs import ENGINES
+from search_spaces.space import SearchSpace
 from tuner.userfile import InputError
 
+SIM_ENGINES = ("mindie", "vllm")  # the schedulers the simulator reproduces
 DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
     "batch_size": 200,
     "select_batch": "prefill-first",
@@ -29,14 +30,17 @@ class SimRunner:
     name = "sim"
 
     def __init__(self, engine: str = "mindie", model: str = "qwen2-7b", hardware: str = "ascend-910b2"):
-        if engine not in ENGINES:
-            raise InputError(f"--engine: unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+        if engine not in SIM_ENGINES:
+            raise InputError(f"--engine: unknown engine {engine!r}; the simulator knows: {', '.join(SIM_ENGINES)}")
         self.engine = engine
         self.model = load_model(model)
         self.hardware = load_hardware(hardware)
 
     def identity(self) -> dict[str, str]:
         return {"runner": self.name, "engine": self.engine, "model": self.model.name, "hardware": self.hardware.name}
+
+    def adapt(self, space: SearchSpace) -> SearchSpace:
+        return space  # the simulator runs every knob value
 
     def _cost(self, config: dict[str, Any]) -> CostModel:
         return CostModel(self.model, self.hardware, config["quantization"], float(config["kv_compression"]))
@@ -73,7 +77,7 @@ class SimRunner:
             return [f"KV cache holds {blocks * block} tokens; the longest request needs {workload.longest_request}"]
         return []
 
-    def run(self, config: dict[str, Any], workload: Workload) -> Measurement:
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
         config = DEFAULTS | config
         reasons = self.violations(config, workload)
         if reasons:

@@ -1,0 +1,138 @@
+"""The `llamacpp` runner: llama.cpp's `llama-server`, one GGUF per weights precision.
+
+autotune takes a HF model directory and prepares the GGUF variants once (convert_hf_to_gguf.py
+to BF16, then llama-quantize), cached by the model's content so every trial reuses them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from objectives.scenario import Workload
+from runners.process import EngineFailed
+from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner, special_token_bias
+from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
+from tuner.userfile import InputError
+
+
+# Runs convert_hf_to_gguf.py in-process so a tokenizer it does not know by hash can be told
+# which pre-tokenizer it follows; arguments come as argv, never pasted into code.
+_CONVERT = """
+import importlib.util, os, sys
+script, pre = sys.argv[1], sys.argv[2]
+folder = os.path.dirname(os.path.abspath(script))
+sys.path[:0] = [folder, os.path.join(folder, "gguf-py")]
+spec = importlib.util.spec_from_file_location("convert_hf_to_gguf", script)
+convert = importlib.util.module_from_spec(spec)
+sys.modules["convert_hf_to_gguf"] = convert
+spec.loader.exec_module(convert)
+if pre:
+    text_model = getattr(convert, "TextModel", None) or __import__("conversion.base", fromlist=["TextModel"]).TextModel
+    text_model.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = [script, *sys.argv[3:]]
+convert.main()
+"""
+
+
+class LlamaCppSettings(RunnerSettings):
+    quantize_cmd: Path | None = None  # default: llama-quantize beside llama-server
+    convert_script: Path | None = None  # default: convert_hf_to_gguf.py in the folder above bin/
+    convert_python: Path | None = None  # a Python with torch, safetensors, numpy; default: autotune's
+    pre_tokenizer: str | None = None  # force convert_hf_to_gguf's pre-tokenizer (a custom tokenizer)
+    gguf_cache: Path = Path.home() / ".cache" / "autotune" / "gguf"
+    threads: int | None = Field(default=None, ge=1)  # -t; 1 makes runs repeat within ~1% on a busy CPU
+    flash_attention: bool = True  # -fa on: quantized V caches need it; kept on so KV type is the only change
+
+
+def _model_key(model: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(model.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _run_step(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise EngineFailed("start", f"{what} failed (exit {done.returncode}): {' | '.join(last)}")
+
+
+class LlamaCppRunner(ServedRunner):
+    name = "llamacpp"
+    engine = "llamacpp"
+    settings_model = LlamaCppSettings
+
+    def __init__(self, settings: LlamaCppSettings, hardware: str | None = None):
+        super().__init__(settings, hardware)
+        self.require_command_and_model("the path of llama-server")
+        server = Path(settings.engine_cmd[0])
+        self.quantize_cmd = settings.quantize_cmd or server.with_name("llama-quantize")
+        self.convert_script = settings.convert_script or server.parent.parent / "convert_hf_to_gguf.py"
+        self.cache = settings.gguf_cache / f"{settings.model.name}-{_model_key(settings.model)}"
+        if not (self.cache / "BF16.gguf").exists() and not self.convert_script.is_file():
+            raise InputError(f"convert_script: {self.convert_script} not found; give the path of llama.cpp's "
+                             "convert_hf_to_gguf.py in --runner-config")
+
+    def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        precision = config.get("quantization", "bf16")
+        if precision not in LLAMACPP_GGUF_TYPES:
+            return [f"llama.cpp has no GGUF type for {precision}; it takes {', '.join(LLAMACPP_GGUF_TYPES)}"]
+        return []
+
+    def gguf(self, precision: str) -> Path:
+        """The model's GGUF for a precision, made on first use (one process at a time)."""
+        kind = LLAMACPP_GGUF_TYPES[precision]
+        target = self.cache / f"{kind}.gguf"
+        if target.exists():
+            return target
+        self.cache.mkdir(parents=True, exist_ok=True)
+        with open(self.cache / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            base = self.cache / "BF16.gguf"
+            if not base.exists():
+                self._convert(base)
+            if not target.exists():
+                partial = target.with_suffix(".partial")
+                _run_step([str(self.quantize_cmd), str(base), str(partial), kind], f"llama-quantize to {kind}")
+                os.replace(partial, target)
+        return target
+
+    def _convert(self, out: Path) -> None:
+        partial = out.with_suffix(".partial")
+        python = str(self.settings.convert_python or sys.executable)
+        argv = [python, "-c", _CONVERT, str(self.convert_script), self.settings.pre_tokenizer or "",
+                str(self.settings.model), "--outfile", str(partial), "--outtype", "bf16"]
+        _run_step(argv, f"converting {self.settings.model} to GGUF")
+        os.replace(partial, out)
+
+    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+        native = render("llamacpp", config)
+        precision = native.get("weights", "bf16")
+        slots = int(config.get("batch_size", 1))
+        # Room for every slot's longest request, and never below the step budget: llama.cpp
+        # caps -b/-ub at the context size, which would quietly change the knob.
+        context = max(slots * workload.longest_request, int(config.get("max_prefill_tokens", 0)))
+        argv = [*self.settings.engine_cmd, "-m", str(self.gguf(precision)), "--host", "127.0.0.1",
+                "--port", str(port), "--alias", SERVED_NAME, "-c", str(context),
+                "-fa", "on" if self.settings.flash_attention else "off", "--metrics",
+                # Verbosity 4 logs what the engine set up (file type, KV types, batch sizes).
+                "-lv", "4", *native.get("args", [])]
+        if "-np" not in argv:
+            argv += ["-np", str(slots)]
+        if self.settings.threads:
+            argv += ["-t", str(self.settings.threads)]
+        if precision not in ("bf16", "fp16"):
+            argv.append("--no-repack")  # the repacked (AMX) path of quantized weights crashes on some CPUs
+        argv += self.settings.extra_args
+        return Launch(argv=argv, model=SERVED_NAME, extra_body={"logit_bias": special_token_bias(self.settings.model)})

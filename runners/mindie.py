@@ -1,0 +1,116 @@
+"""The `mindie` runner: MindIE-Service's `mindieservice_daemon` with a config.json per trial.
+
+The trial's config.json starts from the installation's own `<install>/conf/config.json`; the
+knobs' ScheduleConfig fields, the weights directory of the precision and this trial's ports
+are written into a copy in the trial's folder, which the daemon reads through the environment
+variable named by `config_env` (MIES_CONFIG_JSON_PATH; unverified against every MindIE
+release). The installed file is only read, never written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from objectives.scenario import Workload
+from runners.process import choose_port, http_ready, log_line_ready
+from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner
+from search_spaces.knobs import render
+from search_spaces.space import SearchSpace
+from tuner.userfile import InputError
+
+READY_LINE = "Daemon start success!"
+DEFAULT_INSTALL = Path(os.environ.get("MIES_INSTALL_PATH", "/usr/local/Ascend/mindie/latest/mindie-service"))
+# Documented ranges of the ScheduleConfig fields autotune writes (reference/engines.md).
+FIELD_RANGES = {"maxBatchSize": (1, 5000), "maxPrefillBatchSize": (1, 5000), "maxPrefillTokens": (1, 1 << 20),
+                "prefillTimeMsPerReq": (0, 1000), "decodeTimeMsPerReq": (0, 1000)}
+
+
+class MindIESettings(RunnerSettings):
+    install_dir: Path = DEFAULT_INSTALL
+    config_env: str = "MIES_CONFIG_JSON_PATH"
+
+
+def _merge(into: dict[str, Any], piece: dict[str, Any]) -> None:
+    for key, value in piece.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+class MindIERunner(ServedRunner):
+    name = "mindie"
+    engine = "mindie"
+    settings_model = MindIESettings
+
+    def __init__(self, settings: MindIESettings, hardware: str | None = None):
+        super().__init__(settings, hardware)
+        self.installed_config = settings.install_dir / "conf" / "config.json"
+        try:
+            self.base = json.loads(self.installed_config.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise InputError(f"install_dir: cannot read {self.installed_config}: {error.strerror}") from None
+        except ValueError as error:
+            raise InputError(f"{self.installed_config}: not valid JSON: {error}") from None
+        defaults: dict[str, Any] = {}
+        if not settings.engine_cmd:
+            defaults["engine_cmd"] = [str(settings.install_dir / "bin" / "mindieservice_daemon")]
+        if settings.model is None:  # the installation's own model serves bf16 and lends its tokenizer
+            installed = self._deploy(self.base).get("ModelConfig", [{}])[0].get("modelWeightPath")
+            defaults["model"] = Path(installed) if installed else None
+        self.settings = settings.model_copy(update=defaults)
+
+    @staticmethod
+    def _deploy(config: dict) -> dict:
+        return config.get("BackendConfig", config).get("ModelDeployConfig", {})
+
+    def adapt(self, space: SearchSpace) -> SearchSpace:
+        return self.limit_to_weights(space, "MindIE loads quantized weights made offline: give them under `weights:`")
+
+    def render_config(self, config: dict[str, Any], ports: tuple[int, int, int], workload_max: tuple[int, int]) -> dict:
+        """The trial's config.json: the installed one with this trial's settings written in."""
+        native = render("mindie", config)
+        rendered = copy.deepcopy(self.base)
+        # MindIE >= 1.0 nests ScheduleConfig and ModelDeployConfig under BackendConfig; older ones do not.
+        nested = "BackendConfig" in rendered or "ScheduleConfig" not in rendered
+        backend = rendered.setdefault("BackendConfig", {}) if nested else rendered
+        schedule = native.get("config", {}).get("ScheduleConfig", {})
+        for name, value in schedule.items():
+            low, high = FIELD_RANGES.get(name, (None, None))
+            if low is not None and not low <= value <= high:
+                raise InputError(f"ScheduleConfig.{name}: {value} is outside MindIE's range {low}..{high}")
+        _merge(backend.setdefault("ScheduleConfig", {}), schedule)
+        longest_prompt, longest_request = workload_max
+        deploy = backend.setdefault("ModelDeployConfig", {})
+        # Sized to the scenario: MindIE reserves memory by maxSeqLen and needs maxPrefillTokens >= maxInputTokenLen.
+        deploy["maxSeqLen"] = longest_request
+        deploy["maxInputTokenLen"] = longest_prompt
+        models = deploy.setdefault("ModelConfig", [{}])
+        models[0]["modelName"] = SERVED_NAME
+        models[0]["modelWeightPath"] = str(self.weights_for(native.get("weights", "bf16")))
+        server = rendered.setdefault("ServerConfig", {})
+        server.update({"ipAddress": "127.0.0.1", "port": ports[0], "managementPort": ports[1], "metricsPort": ports[2],
+                       "httpsEnabled": False})
+        return rendered
+
+    def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        tokens = config.get("max_prefill_tokens")
+        if tokens is not None and tokens < workload.longest_prompt:
+            return [f"MindIE needs maxPrefillTokens ({tokens}) >= maxInputTokenLen ({workload.longest_prompt})"]
+        return []
+
+    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+        ports = (port, choose_port(None), choose_port(None))
+        rendered = self.render_config(config, ports, (workload.longest_prompt, workload.longest_request))
+        path = trial_dir / "config.json"
+        path.write_text(json.dumps(rendered, indent=2), encoding="utf-8")
+        env = dict(render("mindie", config).get("env", {}))
+        env[self.settings.config_env] = str(path)
+        log = trial_dir / "engine.log"
+        ready = log_line_ready(log, READY_LINE, http_ready(f"http://127.0.0.1:{port}/health"))
+        return Launch(argv=[*self.settings.engine_cmd, *self.settings.extra_args], env=env, ready=ready,
+                      model=SERVED_NAME)

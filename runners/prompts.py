@@ -1,0 +1,58 @@
+"""Prompts of exact token counts, made with the model's own tokenizer.
+
+A prompt is a run of whole-word vocabulary entries (" word"): each is its own pre-token for
+GPT-2-style byte-level tokenizers (Qwen2, Llama 3, ...), so n words encode to exactly n tokens.
+Every prompt is checked by encoding it again; a tokenizer for which that fails is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tuner.userfile import InputError
+
+_VOCAB_SCAN = 30000  # ids inspected for whole words; plenty for any real vocabulary
+_MIN_WORDS = 32
+
+
+def load_tokenizer(path: Path, source: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as error:
+        raise InputError(f"{source}: cannot load a tokenizer from {path}: {str(error).splitlines()[0]}") from None
+
+
+class PromptMaker:
+    def __init__(self, tokenizer, source: str = "tokenizer"):
+        self.tokenizer = tokenizer
+        special = set(tokenizer.all_special_ids)
+        words = []
+        for token_id in range(min(len(tokenizer), _VOCAB_SCAN)):
+            if token_id in special:
+                continue
+            text = tokenizer.decode([token_id])
+            if len(text) > 2 and text[0] == " " and text[1:].isascii() and text[1:].isalpha():
+                if tokenizer.encode(text, add_special_tokens=False) == [token_id]:
+                    words.append(text)
+        if len(words) < _MIN_WORDS:
+            raise InputError(f"{source}: only {len(words)} whole-word tokens in the vocabulary; "
+                             f"exact-length prompts need at least {_MIN_WORDS}")
+        self.words = np.array(words)
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def make(self, lengths: np.ndarray, seed: int) -> list[str]:
+        rng = np.random.default_rng(seed)
+        prompts = []
+        for n in lengths:
+            text = "".join(rng.choice(self.words, int(n)))
+            if self.count(text) != n:
+                raise InputError(f"tokenizer: a {n}-word prompt does not encode to {n} tokens; "
+                                 "this tokenizer's pre-tokenizer merges across words")
+            prompts.append(text)
+        return prompts

