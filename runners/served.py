@@ -12,7 +12,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
@@ -48,7 +48,7 @@ class RunnerSettings(BaseModel):
 
     engine_cmd: list[str] | None = None  # the engine's argv prefix; flags and the model follow
     model: Path | None = None  # HF model directory (weights, config, tokenizer)
-    weights: dict[str, Path] = Field(default_factory=dict)  # precision -> weights directory
+    weights: dict[Literal[QUANTIZATIONS], Path] = Field(default_factory=dict)  # precision -> weights directory
     tokenizer: Path | None = None  # default: the model directory
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)

@@ -100,6 +100,10 @@ CASES = {
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--runner-config",
                          _write(tmp / "runner.yaml", f"engine_cmd: [vllm]\nmodel: {tmp}\nport: 70000\n")],
         "runner.yaml: port:"),
+    "runner config unknown precision": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--runner-config",
+                         _write(tmp / "runner.yaml", f"engine_cmd: [vllm]\nmodel: {tmp}\nweights: {{w3a3: {tmp}}}\n")],
+        "runner.yaml: weights.w3a3"),
     "runner config missing": (
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "llamacpp", "--runner-config", str(tmp / "nope.yaml")],
         "file not found"),

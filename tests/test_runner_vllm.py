@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import sqlite3
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def non_default_args(log: str) -> dict:
     """vLLM prints the arguments it was given that differ from its defaults."""
     line = next(line for line in log.splitlines() if "non-default args:" in line)
     text = line.split("non-default args:", 1)[1].strip()
-    return eval(text, {"__builtins__": {}}, {})  # a Python dict literal of plain values
+    return ast.literal_eval(text)  # a Python dict literal of plain values
 
 
 class TestVLLM(RunnerContract):
@@ -91,3 +92,22 @@ def test_four_trial_study_on_real_vllm(vllm_python, tiny_model, tmp_path):
         assert attrs["runner_start_s"] > 0 and attrs["runner_stop_s"] >= 0
     with sqlite3.connect(db) as con:
         assert con.execute("select count(*) from autotune_pareto_snapshots").fetchone()[0] == 1
+
+
+def test_online_quantization_loads_the_bf16_model_with_the_method(tiny_model, tmp_path):
+    """A precision without weights but with an `online_quantization` method stays in the space
+    and becomes `--quantization METHOD` on the bf16 model (rendered, not started: the CPU build
+    has no FP8 kernels to check it against)."""
+    from search_spaces.space import SearchSpace
+
+    settings = VLLMRunner.settings_model.model_validate(
+        {"engine_cmd": ["python3"], "model": str(tiny_model), "online_quantization": {"w8a8": "fp8"}})
+    runner = VLLMRunner(settings, hardware="cpu")
+    space = runner.adapt(SearchSpace.load("vllm", None))
+    choices = space.ranges["quantization"].choices
+    assert "w8a8" in choices and "bf16" in choices and "w4a16" not in choices
+    workload = engine_scenario().workload
+    argv = runner.launch({"quantization": "w8a8"}, 8000, tmp_path, workload).argv
+    assert argv[argv.index("--model") + 1] == str(tiny_model)
+    assert argv[argv.index("--quantization") + 1] == "fp8"
+    assert "--quantization" not in runner.launch({"quantization": "bf16"}, 8000, tmp_path, workload).argv
