@@ -71,9 +71,9 @@ class MindIERunner(ServedRunner):
     def adapt(self, space: SearchSpace) -> SearchSpace:
         return self.limit_to_weights(space, "MindIE loads quantized weights made offline: give them under `weights:`")
 
-    def render_config(self, config: dict[str, Any], ports: tuple[int, int, int], workload_max: tuple[int, int]) -> dict:
-        """The trial's config.json: the installed one with this trial's settings written in."""
-        native = render("mindie", config)
+    def render_config(self, native: dict[str, Any], ports: tuple[int, int, int], workload_max: tuple[int, int]) -> dict:
+        """The trial's config.json: the installed one with the knobs' native form (`render("mindie", ...)`)
+        and this trial's ports and sizes written in."""
         rendered = copy.deepcopy(self.base)
         # MindIE >= 1.0 nests ScheduleConfig and ModelDeployConfig under BackendConfig; older ones do not.
         nested = "BackendConfig" in rendered or "ScheduleConfig" not in rendered
@@ -105,10 +105,11 @@ class MindIERunner(ServedRunner):
 
     def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
         ports = (port, choose_port(None), choose_port(None))
-        rendered = self.render_config(config, ports, (workload.longest_prompt, workload.longest_request))
+        native = render("mindie", config)
+        rendered = self.render_config(native, ports, (workload.longest_prompt, workload.longest_request))
         path = trial_dir / "config.json"
         path.write_text(json.dumps(rendered, indent=2), encoding="utf-8")
-        env = dict(render("mindie", config).get("env", {}))
+        env = dict(native.get("env", {}))
         env[self.settings.config_env] = str(path)
         log = trial_dir / "engine.log"
         ready = log_line_ready(log, READY_LINE, http_ready(f"http://127.0.0.1:{port}/health"))

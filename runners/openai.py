@@ -74,8 +74,7 @@ class OpenAIRunner(ServedRunner):
 
     def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
         if not self.settings.engine_cmd:
-            base_url = self.settings.base_url.rstrip("/")
-            return Launch(argv=[], base_url=base_url, model=self.served_model(base_url))
+            return Launch(argv=[], base_url=self.settings.base_url.rstrip("/"))
         values: dict[str, Any] = {"port": port, "model": str(self.settings.model or ""), "host": "127.0.0.1",
                                   "max_model_len": workload.longest_request}
         for name, value in config.items():

@@ -133,26 +133,29 @@ class EngineProcess:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 break
-            deadline = time.monotonic() + wait_s
-            # The leader may go first while workers it started (same group) still wind down.
-            while time.monotonic() < deadline:
-                self.proc.poll()
-                if not _group_alive(self.proc.pid):
-                    break
-                time.sleep(0.02)
-            else:
-                continue
-            break
+            if self._group_gone_within(wait_s):
+                break
         self.proc.wait()
         return time.monotonic() - started
 
+    def _group_gone_within(self, wait_s: float) -> bool:
+        # The leader may go first while workers it started (same group) still wind down.
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader, or its zombie keeps the group alive
+            if not pid_alive(self.proc.pid, group=True):
+                return True
+            time.sleep(0.02)
+        return False
 
-def _group_alive(pgid: int) -> bool:
+
+def pid_alive(pid: int, group: bool = False) -> bool:
+    """Whether a process (or, with `group`, any process of that group) still exists."""
     try:
-        os.killpg(pgid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # it exists, under another user
         return True
     return True
 

@@ -22,7 +22,7 @@ from runners.loadgen import Target, drive
 from runners.measurement import Fault, Measurement
 from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
 from runners.prompts import PromptMaker, load_tokenizer
-from runners.workload import make_requests
+from runners.workload import Requests, make_requests
 from search_spaces.knobs import QUANTIZATIONS
 from search_spaces.space import SearchSpace
 from tuner.userfile import InputError, load_yaml
@@ -90,7 +90,7 @@ class ServedRunner:
     def __init__(self, settings: RunnerSettings, hardware: str | None = None):
         self.settings = settings
         self.hardware = settings.hardware or hardware or socket.gethostname()
-        self._prompts: dict[tuple, tuple[list[str], list[str]]] = {}
+        self._loads: dict[str, tuple[Requests, list[str], list[str]]] = {}
         self._prompt_maker: PromptMaker | None = None
 
     # -- what adapters provide ------------------------------------------------------------
@@ -168,24 +168,24 @@ class ServedRunner:
             extra["stop_s"] = engine.stop()
         return result
 
-    def prompts(self, workload: Workload) -> tuple[list[str], list[str]]:
-        key = (workload.seed, workload.num_requests, workload.input_tokens, workload.output_tokens)
-        if key not in self._prompts:
+    def load_for(self, workload: Workload) -> tuple[Requests, list[str], list[str]]:
+        """The workload's requests, their prompts and the warm-up prompts, made once per workload."""
+        key = workload.model_dump_json()
+        if key not in self._loads:
             if self._prompt_maker is None:
                 source = "tokenizer" if self.settings.tokenizer else "--model"
                 self._prompt_maker = PromptMaker(load_tokenizer(self.tokenizer_dir(), source), source)
             requests = make_requests(workload)
             prompts = self._prompt_maker.make(requests.input_tokens, workload.seed)
             warmup = self._prompt_maker.make([16] * self.settings.warmup_requests, workload.seed + 1_000_003)
-            self._prompts[key] = (prompts, warmup)
-        return self._prompts[key]
+            self._loads[key] = (requests, prompts, warmup)
+        return self._loads[key]
 
     def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
         reasons = self.violations(config, workload)
         if reasons:  # the engine would refuse it: no need to start one to learn that
             return Measurement.failed(Fault("infeasible", "; ".join(reasons)))
-        prompts, warmup = self.prompts(workload)
-        requests = make_requests(workload)
+        requests, prompts, warmup = self.load_for(workload)
         port = choose_port(self.settings.port)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         trial_dir = self.settings.log_dir / f"{stamp}-{os.getpid()}-{next(_trial_seq)}-{self.name}"

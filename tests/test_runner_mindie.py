@@ -18,6 +18,7 @@ import pytest
 
 from runners.mindie import READY_LINE, MindIERunner, MindIESettings
 from runners.served import load_settings
+from search_spaces.knobs import render
 from tests.conftest import small_scenario
 from tests.runner_contract import RunnerContract
 from tuner.userfile import InputError
@@ -127,7 +128,7 @@ def test_rendered_config_carries_the_knobs_and_leaves_the_installed_file_alone(m
     config = {"batch_size": 24, "select_batch": "decode-first", "max_prefill_tokens": 4096, "quantization": "w8a8",
               "kv_compression": 1.0, "max_prefill_batch_size": 6, "prefill_time_ms_per_req": 120,
               "decode_time_ms_per_req": 40}
-    rendered = runner.render_config(config, (9001, 9002, 9003), (768, 1024))
+    rendered = runner.render_config(render("mindie", config), (9001, 9002, 9003), (768, 1024))
     schedule = rendered["BackendConfig"]["ScheduleConfig"]
     assert schedule == {"maxBatchSize": 24, "maxPrefillBatchSize": 6, "maxPrefillTokens": 4096,
                         "supportSelectBatch": True, "prefillTimeMsPerReq": 120, "decodeTimeMsPerReq": 40,
@@ -145,7 +146,7 @@ def test_rendered_config_carries_the_knobs_and_leaves_the_installed_file_alone(m
 def test_a_field_outside_mindies_range_is_refused(mindie_install, tiny_model, tmp_path):
     runner = _runner(mindie_install, tiny_model, tmp_path)
     with pytest.raises(InputError, match=r"maxBatchSize: 6000 is outside MindIE's range 1\.\.5000"):
-        runner.render_config({"batch_size": 6000}, (1, 2, 3), (10, 20))
+        runner.render_config(render("mindie", {"batch_size": 6000}), (1, 2, 3), (10, 20))
 
 
 def test_stand_in_daemon_got_the_rendered_schedule(mindie_install, tiny_model, tmp_path):

@@ -11,7 +11,6 @@ with no margin.
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -26,6 +25,7 @@ from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner
 from runners.measurement import summarize
+from runners.process import pid_alive
 from tuner.storage import NightlyLock, NightlyRun
 from tuner.study import WORKER
 from tuner.userfile import InputError
@@ -105,19 +105,9 @@ def decide(scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | N
     return Decision("unchanged", f"{label} better by {gain:.1%}, not more than the margin {margin:.1%}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stale(lock: NightlyLock, now: datetime) -> bool:
     host, _, pid = lock.holder.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
+    if host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
         return True
     beat = lock.beat_at if lock.beat_at.tzinfo else lock.beat_at.replace(tzinfo=timezone.utc)
     return now - beat > LOCK_STALE_AFTER
