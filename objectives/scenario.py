@@ -7,11 +7,11 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from tuner import userfile
+from objectives import userfile
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Fixed(_Strict):
@@ -118,6 +118,23 @@ class SLA(_Strict):
     min_success_rate: Annotated[float, Field(gt=0, le=1)] | None = None
 
 
+class Load(_Strict):
+    """How a trial loads the engine.
+
+    capacity: search the highest arrival rate (closed loop: concurrency) at which every SLO
+    holds, from the scenario's nominal rate (its `rate` or `concurrency`, the traffic of a
+    normal day) up to `max_rate`, bisecting to `precision`; below the nominal rate only down
+    to `min_rate`. fixed: the nominal rate only; throughput is then what that rate delivers.
+    """
+
+    mode: Literal["capacity", "fixed"] = "capacity"
+    precision: Annotated[float, Field(gt=0, le=0.5)] = 0.05  # relative width of the final bracket
+    min_rate: PositiveFloat | None = None  # default: the nominal rate
+    max_rate: PositiveFloat | None = None  # default: 64 x the nominal rate
+    max_trial_s: PositiveFloat | None = None  # stop a trial's search after this long (real engines)
+    peak_rate: PositiveFloat | None = None  # req/s at peak: the front and export size the fleet
+
+
 class Scenario(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -129,6 +146,46 @@ class Scenario(_Strict):
     # Values within this relative distance count as a tie (open-loop load caps throughput at the
     # offered rate, so many configs tie on it and the second objective should decide).
     tie_tolerance: Annotated[float, Field(ge=0, le=0.5)] = 0.01
+    load: Load = Load()
+
+    @model_validator(mode="after")
+    def _rate_bounds_bracket(self):
+        nominal = self.nominal_rate
+        low, high = self.rate_bounds
+        if low > nominal:
+            raise ValueError(f"load.min_rate ({low:g}) is above the nominal rate ({nominal:g}); it must not exceed it")
+        if high < nominal:
+            raise ValueError(f"load.max_rate ({high:g}) is below the nominal rate ({nominal:g}); it must be at least that")
+        if self.load.mode == "capacity" and high <= low:
+            raise ValueError(f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) for a capacity search")
+        return self
+
+    @property
+    def closed_loop(self) -> bool:
+        return isinstance(self.workload.arrival, Closed)
+
+    @property
+    def nominal_rate(self) -> float:
+        """The traffic of a normal day: requests per second, or requests in flight (closed loop)."""
+        arrival = self.workload.arrival
+        return float(arrival.concurrency if isinstance(arrival, Closed) else arrival.rate)
+
+    @property
+    def rate_bounds(self) -> tuple[float, float]:
+        nominal = self.nominal_rate
+        high = self.load.max_rate
+        if high is None:  # a closed loop cannot have more in flight than it has requests
+            high = max(nominal, min(nominal * 64, self.workload.num_requests)) if self.closed_loop else nominal * 64
+        return self.load.min_rate or nominal, high
+
+    def at_rate(self, rate: float, seed_offset: int = 0) -> Workload:
+        """The workload at another rate (concurrency) with fresh requests for `seed_offset` > 0."""
+        arrival = self.workload.arrival
+        if isinstance(arrival, Closed):
+            arrival = arrival.model_copy(update={"concurrency": max(1, round(rate))})
+        else:
+            arrival = arrival.model_copy(update={"rate": float(rate)})
+        return self.workload.model_copy(update={"arrival": arrival, "seed": self.workload.seed + seed_offset})
 
 
 PRESETS = resources.files("objectives") / "presets"

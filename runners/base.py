@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from objectives.scenario import SLA, Workload
 from runners.measurement import Measurement
 from search_spaces.space import SearchSpace
-from tuner.userfile import InputError
+from objectives.userfile import InputError
+
+
+class Session(Protocol):
+    """One config being served: a real engine started once, measured under several loads."""
+
+    extra: dict[str, Any]  # facts of the engine's life (start and stop times, log, pid)
+
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
+        """Serve one load. With an SLA the runner may stop once it is certainly broken (fault
+        "sla-violated"): always with stop_early=True, never with False, its own default with None."""
 
 
 class Runner(Protocol):
@@ -18,16 +29,41 @@ class Runner(Protocol):
     def identity(self) -> dict[str, str]:
         """runner, engine, model and hardware names: they name studies and exports."""
 
+    def check_inputs(self) -> None:
+        """Check what every trial will read (model config, tokenizer) before a study is written."""
+
+    def max_context(self) -> tuple[int | None, str]:
+        """The model's context in tokens (None when unknown) and the model's name."""
+
     def adapt(self, space: SearchSpace) -> SearchSpace:
         """The space narrowed to what can run here (e.g. precisions that have weights), with notes."""
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         """Reasons the config cannot run at all here (e.g. memory), known before running."""
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
-        """Serve the workload with the config. Failures come back as Measurement.fault.
+    def session(self, config: dict[str, Any], workload: Workload) -> AbstractContextManager[Session]:
+        """Start serving the config (the workload's lengths size the engine); stop on exit.
+        A config that cannot start gives a session whose every measurement carries the fault."""
 
-        With an SLA a runner may stop early once the SLA is certainly broken (fault "sla-violated")."""
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+        """Serve the workload with the config once (see run_once). Failures come back as Measurement.fault."""
+
+
+def run_once(runner: Runner, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+    with runner.session(config, workload) as session:
+        measurement = session.measure(workload, sla)
+    measurement.extra = session.extra | measurement.extra
+    return measurement
+
+
+class FailedSession:
+    """A config that never started: every measurement is the same fault."""
+
+    def __init__(self, fault, extra: dict[str, Any] | None = None):
+        self.fault, self.extra = fault, extra or {}
+
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
+        return Measurement.failed(self.fault)
 
 
 def _make_sim(engine: str, model: str | None, hardware: str | None, engine_cmd: str | None,

@@ -20,7 +20,7 @@ from objectives.scenario import Workload
 from runners.process import EngineFailed
 from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner, special_token_bias
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 
 # Runs convert_hf_to_gguf.py in-process so a tokenizer it does not know by hash can be told

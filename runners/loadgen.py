@@ -22,15 +22,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from runners.measurement import Measurement
+from runners.measurement import Measurement, p99_breaking_count
 from runners.workload import Requests
 
 WATCH_INTERVAL_S = 0.05
-
-
-def p99_breaking_count(planned: int) -> int:
-    """Fewest samples above a bound that put numpy's (linear) p99 of `planned` samples above it."""
-    return planned - math.floor(0.99 * (planned - 1))
 
 
 @dataclass

@@ -15,6 +15,7 @@ number of samples they stand on; a p99 from fewer than 100 samples is flagged.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,11 @@ import numpy as np
 from objectives.scenario import SLA
 
 P99_MIN_SAMPLES = 100
+
+
+def p99_breaking_count(planned: int) -> int:
+    """Fewest samples above a bound that put numpy's (linear) p99 of `planned` samples above it."""
+    return planned - math.floor(0.99 * (planned - 1))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from runners.process import choose_port, http_ready, log_line_ready
 from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 READY_LINE = "Daemon start success!"
 DEFAULT_INSTALL = Path(os.environ.get("MIES_INSTALL_PATH", "/usr/local/Ascend/mindie/latest/mindie-service"))
@@ -53,7 +53,8 @@ class MindIERunner(ServedRunner):
         try:
             self.base = json.loads(self.installed_config.read_text(encoding="utf-8"))
         except OSError as error:
-            raise InputError(f"install_dir: cannot read {self.installed_config}: {error.strerror}") from None
+            raise InputError(f"install_dir (default $MIES_INSTALL_PATH): cannot read {self.installed_config}: "
+                             f"{error.strerror}; set install_dir in --runner-config or MIES_INSTALL_PATH") from None
         except ValueError as error:
             raise InputError(f"{self.installed_config}: not valid JSON: {error}") from None
         defaults: dict[str, Any] = {}

@@ -21,7 +21,7 @@ from objectives.scenario import Workload
 from runners.process import http_ready
 from runners.served import Launch, RunnerSettings, ServedRunner
 from search_spaces.space import SearchSpace
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _VOCAB_SCAN = 30000  # ids inspected for whole words; plenty for any real vocabulary
 _MIN_WORDS = 32
 
@@ -20,10 +21,13 @@ _MIN_WORDS = 32
 def load_tokenizer(path: Path, source: str):
     from transformers import AutoTokenizer
 
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(f"{source}: no tokenizer in {path} (none of {', '.join(TOKENIZER_FILES)})")
     try:
         return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as error:
-        raise InputError(f"{source}: cannot load a tokenizer from {path}: {str(error).splitlines()[0]}") from None
+    except (OSError, ValueError, TypeError) as error:
+        reason = " ".join(str(error).split())  # transformers' reasons span lines: keep them whole, on one
+        raise InputError(f"{source}: cannot load a tokenizer from {path}: {reason}") from None
 
 
 class PromptMaker:

@@ -10,14 +10,16 @@ import os
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 from objectives.scenario import SLA, Workload
+from runners.base import FailedSession, Session, run_once
 from runners.loadgen import Target, drive
 from runners.measurement import Fault, Measurement
 from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
@@ -25,7 +27,7 @@ from runners.prompts import PromptMaker, load_tokenizer
 from runners.workload import Requests, make_requests
 from search_spaces.knobs import QUANTIZATIONS
 from search_spaces.space import SearchSpace
-from tuner.userfile import InputError, load_yaml
+from objectives.userfile import InputError, load_yaml, read_text
 
 _trial_seq = itertools.count()
 SERVED_NAME = "autotune-model"  # the model name engines started by autotune serve under
@@ -90,8 +92,9 @@ class ServedRunner:
     def __init__(self, settings: RunnerSettings, hardware: str | None = None):
         self.settings = settings
         self.hardware = settings.hardware or hardware or socket.gethostname()
-        self._loads: dict[str, tuple[Requests, list[str], list[str]]] = {}
+        self._prompts: dict[tuple[str, int], list[str]] = {}
         self._prompt_maker: PromptMaker | None = None
+        self._warmup: list[str] = []
 
     # -- what adapters provide ------------------------------------------------------------
     def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
@@ -119,6 +122,27 @@ class ServedRunner:
         model = self.settings.model
         if model is None or not model.is_dir():
             raise InputError(f"--model: {model} is not a directory; the {self.name} runner needs a HF model directory")
+        if not (model / "config.json").is_file():
+            raise InputError(f"--model: {model} has no config.json; the {self.name} runner needs a HF model directory")
+
+    def check_inputs(self) -> None:
+        """The tokenizer every load needs: loaded (and checked) once, before any study is written."""
+        if self._prompt_maker is None:
+            source = "tokenizer" if self.settings.tokenizer else "--model"
+            self._prompt_maker = PromptMaker(load_tokenizer(self.tokenizer_dir(), source), source)
+            self._warmup = self._prompt_maker.make([16] * self.settings.warmup_requests, 1_000_003)
+
+    def max_context(self) -> tuple[int | None, str]:
+        """The model's context (max_position_embeddings of its config.json), when it says."""
+        model = self.settings.model
+        if model is None or not (model / "config.json").is_file():
+            return None, self.model_name()
+        try:
+            config = json.loads(read_text(model / "config.json", "model config"))
+        except ValueError as error:
+            raise InputError(f"--model: {model / 'config.json'}: not valid JSON: {error}") from None
+        limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
+        return (int(limit) if isinstance(limit, (int, float)) and limit > 0 else None), self.model_name()
 
     native_precisions: tuple[str, ...] = ("bf16",)  # served straight from the model directory
 
@@ -146,69 +170,97 @@ class ServedRunner:
         model = launch.model or self.served_model(base_url)
         return Target(base_url, model, launch.extra_body, self.settings.request_timeout_s)
 
-    def _serve(self, launch: Launch, port: int, trial_dir: Path, extra: dict, prompts, requests, warmup, bound):
-        """Start the engine, wait until ready, drive the load, stop it: the engine never outlives this."""
-        engine = EngineProcess(launch.argv, os.environ | self.settings.env | launch.env, trial_dir / "engine.log",
-                               self.settings.stop_grace_s)
-        with engine:
-            extra["engine_pid"] = engine.pid
-            ready = launch.ready or http_ready(f"http://127.0.0.1:{port}/health")
-            extra["start_s"] = engine.wait_ready(ready, self.settings.ready_timeout_s)
-            target = self._target(launch, f"http://127.0.0.1:{port}")
-            started = time.monotonic()
-            try:
-                result = drive(target, prompts, requests, warmup, bound)
-            except httpx.HTTPError as error:  # the warm-up failed: no request could be served
-                if engine.exited() is not None:
-                    raise engine.crashed("during warm-up") from None
-                raise EngineFailed("error", str(error), engine.tail()) from None
-            extra["load_s"] = time.monotonic() - started
-            if engine.exited() is not None:
-                raise engine.crashed("during the load")
-            extra["stop_s"] = engine.stop()
-        return result
+    def load_for(self, workload: Workload, variant: int = 0) -> tuple[Requests, list[str], list[str]]:
+        """The workload's requests, their prompts and the warm-up prompts. Prompts depend on the
+        request lengths and the variant, not the rate: each step of a search sends other text of
+        the same lengths, so no engine serves a step from its prefix cache."""
+        self.check_inputs()
+        requests = make_requests(workload)
+        key = (workload.model_dump_json(exclude={"arrival"}), variant)
+        if key not in self._prompts:
+            self._prompts[key] = self._prompt_maker.make(requests.input_tokens, workload.seed + 7919 * variant)
+        return requests, self._prompts[key], self._warmup
 
-    def load_for(self, workload: Workload) -> tuple[Requests, list[str], list[str]]:
-        """The workload's requests, their prompts and the warm-up prompts, made once per workload."""
-        key = workload.model_dump_json()
-        if key not in self._loads:
-            if self._prompt_maker is None:
-                source = "tokenizer" if self.settings.tokenizer else "--model"
-                self._prompt_maker = PromptMaker(load_tokenizer(self.tokenizer_dir(), source), source)
-            requests = make_requests(workload)
-            prompts = self._prompt_maker.make(requests.input_tokens, workload.seed)
-            warmup = self._prompt_maker.make([16] * self.settings.warmup_requests, workload.seed + 1_000_003)
-            self._loads[key] = (requests, prompts, warmup)
-        return self._loads[key]
-
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+    @contextmanager
+    def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
+        """Start the engine once for the config; it never outlives this block."""
         reasons = self.violations(config, workload)
         if reasons:  # the engine would refuse it: no need to start one to learn that
-            return Measurement.failed(Fault("infeasible", "; ".join(reasons)))
-        requests, prompts, warmup = self.load_for(workload)
+            yield FailedSession(Fault("infeasible", "; ".join(reasons)))
+            return
         port = choose_port(self.settings.port)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         trial_dir = self.settings.log_dir / f"{stamp}-{os.getpid()}-{next(_trial_seq)}-{self.name}"
         trial_dir.mkdir(parents=True, exist_ok=True)
         extra: dict[str, Any] = {"engine_log": str(trial_dir / "engine.log"), "port": port}
-        bound = sla.ttft_p99_ms / 1000 if sla is not None and self.settings.early_rejection else None
         try:
             launch = self.launch(config, port, trial_dir, workload)  # may prepare weights (e.g. a GGUF)
-            if launch.base_url is not None:
-                started = time.monotonic()
-                measurement, rejected = drive(self._target(launch, launch.base_url), prompts, requests, warmup, bound)
-                extra["load_s"] = time.monotonic() - started
-            else:
-                measurement, rejected = self._serve(launch, port, trial_dir, extra, prompts, requests, warmup, bound)
         except EngineFailed as failure:
-            return Measurement.failed(Fault(failure.kind, failure.message, failure.log_tail), extra)
-        except httpx.HTTPError as error:  # a running server's warm-up failed
-            return Measurement.failed(Fault("error", str(error)), extra)
-        measurement.extra |= extra
+            yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
+            return
+        if launch.base_url is not None:
+            yield _EngineSession(self, launch, launch.base_url, None, trial_dir, extra)
+            return
+        engine = EngineProcess(launch.argv, os.environ | self.settings.env | launch.env, trial_dir / "engine.log",
+                               self.settings.stop_grace_s)
+        with engine:
+            extra["engine_pid"] = engine.pid
+            try:
+                ready = launch.ready or http_ready(f"http://127.0.0.1:{port}/health")
+                extra["start_s"] = engine.wait_ready(ready, self.settings.ready_timeout_s)
+            except EngineFailed as failure:
+                yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
+                return
+            yield _EngineSession(self, launch, f"http://127.0.0.1:{port}", engine, trial_dir, extra)
+            extra["stop_s"] = engine.stop()
+
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+        return run_once(self, config, workload, sla)
+
+
+class _EngineSession:
+    """Loads against one started engine (or a server already running); each with fresh requests."""
+
+    def __init__(self, runner: ServedRunner, launch: Launch, base_url: str, engine: EngineProcess | None,
+                 trial_dir: Path, extra: dict[str, Any]):
+        self.runner, self.launch, self.base_url, self.engine = runner, launch, base_url, engine
+        self.trial_dir, self.extra = trial_dir, extra
+        self.target: Target | None = None
+        self.loads = 0
+
+    def _failed(self, failure: EngineFailed) -> Measurement:
+        return Measurement.failed(Fault(failure.kind, failure.message, failure.log_tail))
+
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
+        settings = self.runner.settings
+        early = settings.early_rejection if stop_early is None else stop_early
+        bound = sla.ttft_p99_ms / 1000 if sla is not None and early else None
+        requests, prompts, warmup = self.runner.load_for(workload, self.loads)
+        self.loads += 1
+        engine = self.engine
+        try:
+            if engine is not None and engine.exited() is not None:
+                raise engine.crashed("before the load")
+            if self.target is None:
+                self.target = self.runner._target(self.launch, self.base_url)
+            started = time.monotonic()
+            try:
+                measurement, rejected = drive(self.target, prompts, requests, warmup, bound)
+            except httpx.HTTPError as error:  # the warm-up failed: no request could be served
+                if engine is not None and engine.exited() is not None:
+                    raise engine.crashed("during warm-up") from None
+                raise EngineFailed("error", str(error), engine.tail() if engine else "") from None
+            self.extra["load_s"] = self.extra.get("load_s", 0.0) + time.monotonic() - started
+            if engine is not None and engine.exited() is not None:
+                raise engine.crashed("during the load")
+        except EngineFailed as failure:
+            return self._failed(failure)
+        except httpx.HTTPError as error:  # a running server could not be asked for its model
+            return Measurement.failed(Fault("error", str(error)))
         if rejected:
             measurement.fault = Fault("sla-violated", rejected)
         elif measurement.extra["errors"] and (sla is None or sla.min_success_rate is None):
             # Without a success-rate SLO a failed request leaves the numbers untrustworthy.
             measurement.fault = Fault("error", f"{measurement.extra['errors']} of {measurement.sent} requests failed; "
-                                      f"first: {measurement.extra['first_error']}", tail(trial_dir / "engine.log"))
+                                      f"first: {measurement.extra['first_error']}", tail(self.trial_dir / "engine.log"))
         return measurement

@@ -77,11 +77,15 @@ def _llamacpp_prefill_tokens(tokens: int) -> dict[str, Any]:
     return {"args": ["-b", str(tokens), "-ub", str(tokens)]}
 
 
+# MindIE has two KV states: full, or RazorAttention on (its compression is not a setting; the
+# simulator assumes it keeps half of the KV bytes).
+_MINDIE_KV_STATES = {1.0: {}, 0.5: {"env": {"ATB_LLM_RAZOR_ATTENTION_ENABLE": "1"}}}
+
+
 def _mindie_kv_compression(ratio: float) -> dict[str, Any]:
-    if ratio == 1.0:
-        return {}
-    # RazorAttention's exact controls are unverified; the ratio is passed for the operator.
-    return {"env": {"ATB_LLM_RAZOR_ATTENTION_ENABLE": "1"}, "kv_ratio": ratio}
+    if ratio not in _MINDIE_KV_STATES:
+        raise ValueError(f"mindie can only keep 1.0 or 0.5 (RazorAttention) of the KV bytes, not {ratio}")
+    return _MINDIE_KV_STATES[ratio]
 
 
 KNOBS: dict[str, Knob] = {
@@ -122,7 +126,8 @@ KNOBS: dict[str, Knob] = {
             limits=(0.05, 1.0),
             render={"mindie": _mindie_kv_compression, "vllm": _vllm_kv_compression,
                     "llamacpp": _llamacpp_kv_compression},
-            engine_allowed={"vllm": (1.0, 0.5), "llamacpp": tuple(_LLAMACPP_KV_TYPES)},
+            engine_allowed={"mindie": tuple(_MINDIE_KV_STATES), "vllm": (1.0, 0.5),
+                            "llamacpp": tuple(_LLAMACPP_KV_TYPES)},
         ),
         Knob(
             "max_prefill_batch_size", "int", "most requests in one prefill step (MindIE)",

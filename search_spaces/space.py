@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from objectives.scenario import Workload
 from search_spaces.knobs import ENGINES, KNOBS, Knob
-from tuner.userfile import InputError, load_yaml, validate
+from objectives.userfile import InputError, load_yaml, validate
 
 GRID_POINTS = 6  # values per numeric knob when --sampler grid has no explicit `grid`
 
@@ -91,10 +91,12 @@ def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
 class SearchSpace:
     """The knobs of one engine and the ranges the study explores."""
 
-    def __init__(self, engine: str, ranges: dict[str, KnobRange], notes: list[str] | None = None):
+    def __init__(self, engine: str, ranges: dict[str, KnobRange], notes: list[str] | None = None,
+                 source: str = ""):
         self.engine = engine
         self.ranges = ranges
         self.notes = notes or []
+        self.source = source or f"preset {engine}"  # where the ranges came from, for messages
 
     @classmethod
     def load(cls, engine: str, user_file: Path | None = None) -> "SearchSpace":
@@ -118,11 +120,11 @@ class SearchSpace:
             if engine not in knob.render:
                 notes.append(f"{name} dropped: {engine} cannot express it")
                 del ranges[name]
-        space = cls(engine, ranges, notes)
+        space = cls(engine, ranges, notes, f"--space {user_file}" if user_file else "")
         for name in list(space.ranges):
             allowed = KNOBS[name].engine_allowed.get(engine)
             if allowed is not None:
-                space = space.restrict(name, allowed, f"{engine} takes only these values")
+                space = space.restrict(name, allowed, f"--engine {engine} takes only these values")
         return space
 
     def restrict(self, name: str, allowed: tuple | list, why: str) -> "SearchSpace":
@@ -138,21 +140,22 @@ class SearchSpace:
             values = [v for v in allowed if spec.low <= v <= spec.high]
         kept = [v for v in values if v in allowed]
         if not kept:
-            raise InputError(f"knobs.{name}: none of {values} can run here ({why}); allowed: {list(allowed)}")
+            raise InputError(f"{self.source}: knobs.{name}: none of {values} can run here ({why}); "
+                             f"allowed: {list(allowed)}")
         if kept == values and spec.low is None:
             return self
         ranges = dict(self.ranges)
         ranges[name] = KnobRange(value=kept[0]) if spec.value is not None else KnobRange(choices=kept)
         notes = self.notes if kept == values else [*self.notes, f"{name} limited to {kept}: {why}"]
-        return SearchSpace(self.engine, ranges, notes)
+        return SearchSpace(self.engine, ranges, notes, self.source)
 
     def drop(self, name: str, why: str) -> "SearchSpace":
         if name not in self.ranges:
             return self
         ranges = {k: v for k, v in self.ranges.items() if k != name}
-        return SearchSpace(self.engine, ranges, [*self.notes, f"{name} dropped: {why}"])
+        return SearchSpace(self.engine, ranges, [*self.notes, f"{name} dropped: {why}"], self.source)
 
-    def fit_workload(self, workload: Workload) -> "SearchSpace":
+    def fit_workload(self, workload: Workload, scenario_source: str = "the scenario") -> "SearchSpace":
         """Raise max_prefill_tokens' floor to the longest prompt: below it no prompt could start."""
         spec = self.ranges.get("max_prefill_tokens")
         need = workload.longest_prompt
@@ -160,14 +163,14 @@ class SearchSpace:
             return self
         if spec.high < need:
             raise InputError(
-                f"max_prefill_tokens: the whole range {spec.low:g}..{spec.high:g} is below the "
-                f"longest prompt of the scenario ({need} tokens)"
+                f"{self.source}: knobs.max_prefill_tokens: the whole range {spec.low:g}..{spec.high:g} is below "
+                f"the longest prompt of {scenario_source} ({need} tokens)"
             )
         low = need if spec.step is None else spec.low + math.ceil((need - spec.low) / spec.step) * spec.step
         ranges = dict(self.ranges)
         ranges["max_prefill_tokens"] = spec.model_copy(update={"low": low})
         note = f"max_prefill_tokens floor raised from {spec.low:g} to {low:g} (longest prompt {need})"
-        return SearchSpace(self.engine, ranges, [*self.notes, note])
+        return SearchSpace(self.engine, ranges, [*self.notes, note], self.source)
 
     def distributions(self) -> dict[str, BaseDistribution]:
         dists: dict[str, BaseDistribution] = {}
@@ -188,14 +191,17 @@ class SearchSpace:
         return {name: spec.value for name, spec in self.ranges.items() if spec.value is not None}
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The config a trial runs. MindIE needs maxPrefillBatchSize <= maxBatchSize: a sampled
+        value above the batch size runs as the batch size. Sampling it in a range that depended
+        on the batch size would make the space dynamic, which multivariate TPE cannot model
+        jointly (README, "Search efficiency"). A grid keeps its points as they are, and a point
+        above the batch size is refused as infeasible."""
         config = self.fixed()
-        # A grid is fixed up front; elsewhere sample inside MindIE's bound (checked either way).
-        bounded = not isinstance(trial.study.sampler, optuna.samplers.GridSampler)
         for name, dist in self.distributions().items():
-            if bounded and name == "max_prefill_batch_size" and isinstance(dist, IntDistribution):
-                batch = config.get("batch_size", dist.high)
-                dist = IntDistribution(dist.low, max(dist.low, min(dist.high, batch)), log=dist.log, step=dist.step)
             config[name] = _suggest(trial, name, dist)
+        sampled = trial.params.get("max_prefill_batch_size")
+        if sampled is not None and not isinstance(trial.study.sampler, optuna.samplers.GridSampler):
+            config["max_prefill_batch_size"] = min(sampled, config.get("batch_size", sampled))
         return config
 
     def grid(self) -> dict[str, list[Any]]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from objectives.scenario import Workload
+from objectives.scenario import SLA, Load, Scenario, Workload
+from runners.capacity import evaluate
 from runners.measurement import Measurement, summarize
 from runners.workload import make_requests
 from search_spaces.knobs import ENGINES
@@ -66,18 +67,50 @@ class RunnerContract:
         assert np.array_equal(m.input_tokens, planned.input_tokens)
         assert np.array_equal(m.output_tokens[ok], planned.output_tokens[ok])
 
-    def test_metrics_consistent_with_records(self, measured, workload):
+    def test_metrics_agree_with_the_planned_load(self, measured, workload):
+        """Checked against the workload the runner was asked to serve, not against summarize."""
         scenario = small_scenario(requests=workload.num_requests)
-        m = measured
-        metrics = summarize(m, scenario.sla)
-        assert metrics["ttft_samples"] == int(m.ok.sum())
-        assert metrics["output_tokens_per_s"] * metrics["duration_s"] == pytest.approx(m.output_tokens[m.ok].sum())
-        assert metrics["ttft_p50_ms"] <= metrics["ttft_p90_ms"] <= metrics["ttft_p99_ms"]
-        assert 0 <= metrics["goodput_rps"] <= metrics["requests_per_s"]
-        assert metrics["p99_low_samples"] == (metrics["ttft_samples"] < 100)
+        planned = make_requests(workload)
+        metrics = summarize(measured, scenario.sla)
+        assert metrics["requests_sent"] == metrics["requests_ok"] == metrics["ttft_samples"] == len(planned)
+        assert metrics["success_rate"] == 1.0
+        tokens = int(planned.output_tokens.sum())
+        # Throughput times the wall time of the load is the planned output, token for token.
+        assert metrics["output_tokens_per_s"] * metrics["duration_s"] == pytest.approx(tokens, rel=1e-9)
+        if planned.arrival_s is not None:  # open loop: the load lasts at least as long as its arrivals
+            assert metrics["duration_s"] >= planned.arrival_s[-1]
+        multi = int((planned.output_tokens > 1).sum())
+        assert metrics["tpot_samples"] == multi and metrics["tpot_p50_ms"] > 0
+        assert 0 < metrics["ttft_p50_ms"] <= metrics["ttft_p99_ms"] < metrics["e2el_p99_ms"]
+        assert metrics["p99_low_samples"] == (len(planned) < 100)
 
     def test_impossible_config_is_a_fault_not_an_exception(self, runner, impossible_config, workload):
         reasons = runner.violations(impossible_config, workload)
         m = runner.run(impossible_config, workload)
         assert m.fault is not None and m.fault.message
         assert reasons or m.fault.kind != "infeasible"
+
+    def test_capacity_search_steps_share_one_session(self, runner, good_config, workload):
+        """One engine start per trial: every step of the search runs against the same session."""
+        scenario = Scenario(name="capacity-contract", workload=workload, sla=SLA(ttft_p99_ms=3000),
+                            load=Load(max_rate=workload.arrival.rate * 4, precision=0.5, max_trial_s=600))
+        opened = []
+        session = runner.session
+
+        def counted(config, load):
+            opened.append(config)
+            return session(config, load)
+
+        runner.session = counted
+        try:
+            result = evaluate(runner, good_config, scenario)
+        finally:
+            del runner.session
+        assert result.fault is None, result.fault
+        assert len(opened) == 1
+        steps = result.metrics["capacity_steps"]
+        assert len(steps) >= 2 and steps[0]["rate"] == workload.arrival.rate
+        assert steps[1]["rate"] == 2 * workload.arrival.rate or not steps[0]["meets_sla"]
+        assert all(step["ttft_samples"] for step in steps if step["meets_sla"])
+        good = [step["rate"] for step in steps if step["meets_sla"]]
+        assert result.metrics["capacity_rate"] == (max(good) if good else None)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,32 @@ from tests.conftest import run_autotune
 def _write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
+
+
+def _write_bytes(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+def _fifo(path: Path) -> str:
+    os.mkfifo(path)
+    return str(path)
+
+
+def _touch(path: Path) -> Path:
+    path.touch()
+    return path
+
+
+def _link(target: Path, path: Path, hard: bool) -> str:
+    os.link(target, path) if hard else path.symlink_to(target)
+    return str(path)
+
+
+def _model_without_tokenizer(tmp: Path) -> str:
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 4096}')
+    return str(tmp / "model")
 
 
 def _scenario_with(tmp_path: Path, scenario_file: Path, edit) -> str:
@@ -46,6 +76,84 @@ CASES = {
             input_tokens={"kind": "uniform", "low": 900, "high": 100}))],
         "must not exceed",
     ),
+    "capacity ceiling below the nominal rate": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"max_rate": 3}))],
+        "load.max_rate (3) is below the nominal rate (6)",
+    ),
+    "capacity floor above the nominal rate": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"min_rate": 9}))],
+        "load.min_rate (9) is above the nominal rate (6)",
+    ),
+    "capacity bounds reversed": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"min_rate": 6, "max_rate": 6}))],
+        "load.max_rate (6) must be above load.min_rate (6)",
+    ),
+    "capacity floor zero": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"min_rate": 0}))],
+        "load.min_rate",
+    ),
+    "peak rate not positive": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"peak_rate": -10}))],
+        "load.peak_rate",
+    ),
+    "unknown load mode": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"mode": "max"}))],
+        "load.mode",
+    ),
+    "infinite rate": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d["workload"]["arrival"].update(rate=float("inf")))],
+        "workload.arrival.rate: must be a finite number",
+    ),
+    "nan sla": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d["sla"].update(ttft_p99_ms=float("nan")))],
+        "sla.ttft_p99_ms: must be a finite number",
+    ),
+    "scenario not utf-8": (lambda tmp, sc: ["--scenario", _write_bytes(tmp / "utf16.yaml", b"\xff\xfe\x00n\x00a")], "not UTF-8"),
+    "scenario not utf-8, no suffix": (lambda tmp, sc: ["--scenario", _write_bytes(tmp / "utf16", b"\xff\xfe\x00n")], "not UTF-8"),
+    "space not utf-8": (lambda tmp, sc: ["--scenario", str(sc), "--space", _write_bytes(tmp / "s.yaml", b"\xff\xfe")], "not UTF-8"),
+    "hardware not utf-8": (lambda tmp, sc: ["--scenario", str(sc), "--hardware", _write_bytes(tmp / "h.yaml", b"\xff\xfe")], "not UTF-8"),
+    "baseline not utf-8": (lambda tmp, sc: ["--scenario", str(sc), "--baseline", _write_bytes(tmp / "b.yaml", b"\xff\xfe")], "not UTF-8"),
+    "runner config not utf-8": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--runner-config", _write_bytes(tmp / "r.yaml", b"\xff\xfe")],
+        "not UTF-8"),
+    "scenario is a fifo": (lambda tmp, sc: ["--scenario", _fifo(tmp / "pipe.yaml")], "not a regular file"),
+    "scenario too large": (
+        lambda tmp, sc: ["--scenario", _write(tmp / "big.yaml", "# " + "x" * 10_000_000 + "\n")], "at most 1,000,000 bytes"),
+    "request longer than the model's context": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d["workload"].update(
+            input_tokens={"kind": "fixed", "value": 30000}, output_tokens={"kind": "fixed", "value": 8000}))],
+        "30000 input + 8000 output = 38000 tokens) exceeds the context of qwen2-7b (32768 tokens"),
+    "infinite knob bound": (
+        lambda tmp, sc: ["--scenario", str(sc), "--space", _write(tmp / "s.yaml", "knobs:\n  batch_size: {low: 1, high: .inf}\n")],
+        "knobs.batch_size.high: must be a finite number"),
+    "export under /proc": (lambda tmp, sc: ["--scenario", str(sc), "--export", "/proc/autotune-best.yaml"], "--export: cannot write in /proc"),
+    "export under a file": (lambda tmp, sc: ["--scenario", str(sc), "--export", str(sc / "best.yaml")], "is a file, not a directory"),
+    "export over the study database": (
+        lambda tmp, sc: ["--scenario", str(sc), "--storage", f"sqlite:///{_touch(tmp / 's.db')}", "--export", str(tmp / "s.db")],
+        "is the --storage file"),
+    "export over the study database via a symlink": (
+        lambda tmp, sc: ["--scenario", str(sc), "--storage", f"sqlite:///{_touch(tmp / 's.db')}",
+                         "--export", _link(tmp / "s.db", tmp / "link.yaml", hard=False)], "is the --storage file"),
+    "export over the study database via a hard link": (
+        lambda tmp, sc: ["--scenario", str(sc), "--storage", f"sqlite:///{_touch(tmp / 's.db')}",
+                         "--export", _link(tmp / "s.db", tmp / "hard.yaml", hard=True)], "is the --storage file"),
+    "export over the new study database": (
+        lambda tmp, sc: ["--scenario", str(sc), "--storage", f"sqlite:///{tmp / 'new.db'}", "--export", str(tmp / "new.db")],
+        "is the --storage file"),
+    "export over the scenario": (lambda tmp, sc: ["--scenario", str(sc), "--export", str(sc)], "is the --scenario file"),
+    "engine model folder without config.json": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--engine-cmd", "/bin/true", "--model", str(tmp)],
+        "has no config.json"),
+    "engine model folder without a tokenizer": (
+        lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--engine-cmd", "/bin/true",
+                         "--model", _model_without_tokenizer(tmp)], "no tokenizer in"),
+    "prefill range below every prompt names its sources": (
+        lambda tmp, sc: ["--scenario", str(sc), "--space", _write(tmp / "space.yaml", "knobs:\n  max_prefill_tokens: {low: 64, high: 128}\n")],
+        "space.yaml: knobs.max_prefill_tokens: the whole range 64..128 is below the longest prompt of --scenario"),
+    "kv values the engine cannot run name --space and --engine": (
+        lambda tmp, sc: ["--scenario", str(sc), "--engine", "vllm", "--space",
+                         _write(tmp / "space.yaml", "knobs:\n  kv_compression: {choices: [0.75]}\n")],
+        "space.yaml: knobs.kv_compression: none of [0.75] can run here (--engine vllm takes only these values)"),
     "reversed knob range": (
         lambda tmp, sc: ["--scenario", str(sc), "--space",
                          _write(tmp / "space.yaml", "knobs:\n  batch_size: {low: 64, high: 8}\n")],
@@ -91,7 +199,7 @@ CASES = {
                          "--model", str(tmp)], "--engine-cmd"),
     "llama.cpp converter not found": (
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "llamacpp", "--engine-cmd", "/bin/true",
-                         "--model", str(tmp)], "convert_script"),
+                         "--model", _model_without_tokenizer(tmp)], "convert_script"),
     "runner config unknown field": (
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "vllm", "--runner-config",
                          _write(tmp / "runner.yaml", f"engine_cmd: [vllm]\nmodel: {tmp}\nportt: 8000\n")],
@@ -112,7 +220,8 @@ CASES = {
     "openai with neither command nor url": (lambda tmp, sc: ["--scenario", str(sc), "--runner", "openai"], "base_url"),
     "mindie installation missing": (
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "mindie", "--runner-config",
-                         _write(tmp / "runner.yaml", f"install_dir: {tmp}/no-mindie\n")], "install_dir"),
+                         _write(tmp / "runner.yaml", f"install_dir: {tmp}/no-mindie\n")],
+        "install_dir (default $MIES_INSTALL_PATH)"),
 }
 
 
@@ -121,13 +230,18 @@ def test_bad_input_exits_2_with_one_line(case: str, tmp_path: Path, scenario_fil
     make_args, expected = CASES[case]
     work = tmp_path / "work"
     work.mkdir()
-    result = run_autotune(*make_args(tmp_path, scenario_file), cwd=work)
+    args = make_args(tmp_path, scenario_file)
+    before = sorted(tmp_path.iterdir())
+    result = run_autotune(*args, cwd=work, timeout=60)
     assert result.returncode == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("autotune: error:")
     assert expected in lines[0]
     assert list(work.iterdir()) == [], "nothing may be written on bad input"
+    after = sorted(tmp_path.iterdir())
+    assert after == before, "nothing may be written beside the inputs either"
+    assert all(p.stat().st_size == 0 for p in after if p.suffix == ".db"), "no study database may be created"
 
 
 def test_not_a_database_file(tmp_path: Path, scenario_file: Path):
@@ -146,3 +260,55 @@ def test_pareto_unknown_study(tmp_path: Path, scenario_file: Path):
     result = run_autotune("pareto", "--storage", db, "--study", "nope", cwd=tmp_path)
     assert result.returncode == 2
     assert "small-cs" in result.stderr  # lists the studies that do exist
+
+
+@pytest.mark.parametrize("command", [["history"], ["pareto"], ["export", "--export", "x.yaml"]])
+def test_read_only_commands_never_create_a_database(command: list[str], tmp_path: Path):
+    result = run_autotune(*command, "--storage", f"sqlite:///{tmp_path / 'nope.db'}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "--storage: no database at" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "nope.db").exists() and not (tmp_path / "x.yaml").exists()
+
+
+def test_nightly_report_folder_missing_names_report(tmp_path: Path, scenario_file: Path):
+    result = run_autotune("nightly", "--scenario", str(scenario_file), "--storage", f"sqlite:///{tmp_path / 'n.db'}",
+                          "--report", str(tmp_path / "no" / "r.md"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("autotune: error: --report: directory") and "--export" not in result.stderr
+    assert not (tmp_path / "n.db").exists()
+
+
+def test_missing_postgres_driver_says_what_to_install(tmp_path: Path, scenario_file: Path):
+    hide_psycopg = ("import sys; sys.modules['psycopg'] = None; sys.argv[0] = 'autotune'; "
+                    "from tuner.cli import main; main()")
+    result = subprocess.run([sys.executable, "-c", hide_psycopg, "--scenario", str(scenario_file), "--storage",
+                             "postgresql+psycopg://127.0.0.1:5432/test"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "pip install 'autotune[postgres]'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_export_is_readable_by_others_and_summary_counts_sla_misses(tmp_path: Path, scenario_file: Path):
+    data = yaml.safe_load(scenario_file.read_text())
+    data["sla"]["ttft_p99_ms"] = 60  # below one prefill on the default profile: no config meets it
+    impossible = tmp_path / "impossible.yaml"
+    impossible.write_text(yaml.safe_dump(data))
+    missed = run_autotune("--scenario", str(impossible), "--trials", "4", cwd=tmp_path)
+    assert missed.returncode == 3, missed.stderr
+    line = next(line for line in missed.stdout.splitlines() if "trials this run" in line)
+    met, miss, norun, failed = (int(x) for x in re.findall(r"(\d+) (?:met|missed|could|failed)", line))
+    assert met == 0 and miss + norun + failed == 4 and miss > 0, line
+
+    good = tmp_path / "good-space.yaml"
+    good.write_text("knobs:\n  batch_size: {value: 128}\n  max_prefill_batch_size: {value: 32}\n"
+                    "  quantization: {value: w8a8}\n")
+    done = run_autotune("--scenario", str(scenario_file), "--trials", "1", "--space", str(good),
+                        "--storage", "sqlite:///ok.db", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    mode = (tmp_path / "best-config.yaml").stat().st_mode & 0o777
+    assert mode == 0o666 & ~_umask(), oct(mode)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

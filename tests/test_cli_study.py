@@ -36,8 +36,17 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
             assert key in t.user_attrs, key
         assert t.user_attrs["ttft_samples"] == 200
         assert t.values[0] == t.user_attrs["ttft_p99_ms"]
-        assert t.values[1] == t.user_attrs["output_tokens_per_s"]
-        assert set(t.constraints) == {"ttft_p99"}
+        # Capacity mode (the presets' default): throughput is what the config sustains within the SLA.
+        assert t.values[1] == t.user_attrs["capacity_output_tokens_per_s"]
+        steps = t.user_attrs["capacity_steps"]
+        assert steps[0]["rate"] == 6.0 and steps[0]["ttft_p99_ms"] == t.user_attrs["ttft_p99_ms"]
+        good = [s["rate"] for s in steps if s["meets_sla"]]
+        assert t.user_attrs["capacity_rate"] == (max(good) if good else None)
+        if good:
+            bad = [s["rate"] for s in steps if not s["meets_sla"] and s["rate"] > max(good)]
+            assert not bad or min(bad) <= max(good) * 1.05 + 1e-9  # bisected to the 5% precision
+        assert set(t.user_attrs["sla_constraints"]) == {"ttft_p99"}
+        assert list(t.constraints.values()) == [t.user_attrs["ttft_p99_ms"] / 500 - 1]
         assert t.user_attrs["status"] == ("feasible" if is_feasible(t.constraints) else "violates-sla")
     for t in trials:
         if t.state == optuna.trial.TrialState.FAIL:
@@ -61,8 +70,14 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
     exported = load_export(tmp_path / "out.yaml")
     assert exported.trial == best
     chosen = study.trials[best]
-    assert exported.knobs == {**study.user_attrs["fixed_knobs"], **chosen.params}
+    assert exported.knobs == chosen.user_attrs["knobs"]
+    sampled = {**study.user_attrs["fixed_knobs"], **chosen.params}
+    # MindIE's bound: a sampled prefill batch above the batch size runs as the batch size.
+    assert exported.knobs == sampled | {"max_prefill_batch_size": min(sampled["max_prefill_batch_size"],
+                                                                       sampled["batch_size"])}
     assert exported.metrics["ttft_p99_ms"] == chosen.user_attrs["ttft_p99_ms"]
+    assert exported.capacity["output_tokens_per_s"] == chosen.values[1] > 0
+    assert exported.capacity["requests_per_s"] == chosen.user_attrs["capacity_rps"]
     assert exported.native["mindie"]["config_json"]["ScheduleConfig"]["maxBatchSize"] == chosen.params["batch_size"]
     assert exported.native["mindie"]["config_json"] == render("mindie", exported.knobs)["config"]
     assert exported.study == STUDY and exported.runner == "sim" and exported.hardware == "ascend-910b2"
@@ -90,7 +105,9 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
 
 def test_baseline_is_rerun_as_first_trial(tmp_path: Path, scenario_file: Path):
     db = f"sqlite:///{tmp_path / 'b.db'}"
-    first = run_autotune("--scenario", str(scenario_file), "--trials", "4", "--storage", db, "--study", "a", cwd=tmp_path)
+    (tmp_path / "good.yaml").write_text("knobs:\n  batch_size: {value: 128}\n  quantization: {value: w8a8}\n")
+    first = run_autotune("--scenario", str(scenario_file), "--trials", "4", "--storage", db, "--study", "a",
+                         "--space", "good.yaml", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     baseline = load_export(tmp_path / "best-config.yaml")
     second = run_autotune("--scenario", str(scenario_file), "--trials", "2", "--storage", db, "--study", "b",
@@ -116,3 +133,21 @@ def test_scenarios_lists_presets(tmp_path: Path):
     for name in ("customer-service", "realtime-chat", "code-completion", "content-generation",
                  "document-summary", "code-generation"):
         assert name in result.stdout
+
+
+def test_a_trial_keeps_the_knobs_it_ran_with_across_runs(tmp_path: Path, scenario_file: Path):
+    """Each run may hold other knobs fixed: a trial's export uses the knobs it ran with."""
+    (tmp_path / "fixed.yaml").write_text("knobs:\n  quantization: {value: w8a8}\n  kv_compression: {value: 0.5}\n")
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    first = run_autotune("--scenario", str(scenario_file), "--trials", "2", "--storage", db, "--study", "k",
+                         "--space", "fixed.yaml", cwd=tmp_path)
+    assert first.returncode in (0, 3), first.stderr
+    second = run_autotune("--scenario", str(scenario_file), "--trials", "2", "--storage", db, "--study", "k",
+                          "--sampler", "random", "--seed", "3", cwd=tmp_path)
+    assert second.returncode in (0, 3), second.stderr
+    study = optuna.load_study(study_name="k", storage=db)
+    assert "quantization" in study.trials[2].params  # sampled in the second run
+    exported = run_autotune("export", "--trial", "0", "--export", "t0.yaml", "--storage", db, "--study", "k", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr  # w8a8 on 64 GB always runs: trial 0 is COMPLETE
+    knobs = load_export(tmp_path / "t0.yaml").knobs
+    assert knobs["quantization"] == "w8a8" and knobs["kv_compression"] == 0.5

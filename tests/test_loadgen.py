@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runners.loadgen import p99_breaking_count
+from runners.measurement import p99_breaking_count
 from runners.measurement import summarize
 from runners.workload import make_requests
 from tests.conftest import engine_scenario

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from objectives.scenario import SLA
+from objectives.scenario import load_scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values, pick_best
 from runners.measurement import Fault, Measurement, summarize
 
@@ -37,7 +38,7 @@ def test_failed_measurement_has_no_values():
     m = Measurement.failed(Fault("crash", "engine died"))
     s = summarize(m, SLA(ttft_p99_ms=100))
     assert s["ttft_p99_ms"] is None and s["ttft_samples"] == 0
-    assert objective_values(s) is None
+    assert objective_values(s, load_scenario("customer-service")) is None
 
 
 def test_constraints_are_relative_and_signed():

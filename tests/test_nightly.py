@@ -13,7 +13,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import optuna
+import time
 import yaml
+from sqlalchemy.orm import Session
 
 from tests.conftest import run_autotune
 from tuner.export import load_export
@@ -48,11 +51,12 @@ def test_first_night_promotes_then_unchanged_then_drift(tmp_path: Path, scenario
     assert load_export(deployed).knobs
     assert "no deployed config yet" in (tmp_path / "deployed.nightly.md").read_text()
 
+    # A second night whose best cannot beat the deployed config by the margin changes nothing.
     before = deployed.read_bytes()
-    second = _nightly(tmp_path, scenario_file, db)
-    assert second.returncode in (EXIT_UNCHANGED, EXIT_PROMOTED), second.stderr
-    if second.returncode == EXIT_UNCHANGED:
-        assert deployed.read_bytes() == before
+    second = _nightly(tmp_path, scenario_file, db, "--min-gain", "10")
+    assert second.returncode == EXIT_UNCHANGED, second.stderr
+    assert deployed.read_bytes() == before
+    assert not (tmp_path / "deployed.yaml.prev").exists()
     nights = _nights(tmp_path)
     assert [n[0] for n in nights][:1] == ["promoted"] and len(nights) == 2
     assert len(json.loads(nights[1][2])["repeats"]) == 2
@@ -76,12 +80,13 @@ def test_first_night_promotes_then_unchanged_then_drift(tmp_path: Path, scenario
 
 
 def test_nothing_feasible_promotes_nothing(tmp_path: Path, scenario_file: Path):
-    db = _study(tmp_path, scenario_file)
     data = yaml.safe_load(scenario_file.read_text())
     data["sla"]["ttft_p99_ms"] = 0.001
     impossible = tmp_path / "impossible.yaml"
     impossible.write_text(yaml.safe_dump(data))
-    result = _nightly(tmp_path, impossible, db, "--study", "small-cs.sim.mindie.qwen2-7b.ascend-910b2")
+    db = f"sqlite:///{tmp_path / 'n.db'}"
+    assert run_autotune("--scenario", str(impossible), "--trials", "3", "--storage", db, cwd=tmp_path).returncode == 3
+    result = _nightly(tmp_path, impossible, db)
     assert result.returncode == EXIT_FAILED, result.stderr
     assert not (tmp_path / "deployed.yaml").exists()
     assert _nights(tmp_path)[-1][0] == "failed"
@@ -160,5 +165,78 @@ def test_deploy_files_parse_and_name_real_commands():
     assert job["kind"] == "CronJob" and job["spec"]["concurrencyPolicy"] == "Forbid"
     container = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     _check_nightly_command(container["command"][1:])
+    # A Job fails on any non-zero exit: there a promotion must exit 0.
+    command = container["command"]
+    assert command[command.index("--promoted-exit") + 1] == "0"
     secret = container["env"][0]["valueFrom"]["secretKeyRef"]
     assert secret["name"] and secret["key"]
+
+
+def test_warm_start_remeasures_the_front_then_runs_the_budget(tmp_path: Path, scenario_file: Path):
+    db = _study(tmp_path, scenario_file)
+    con = sqlite3.connect(tmp_path / "n.db")
+    front = [json.loads(p) for (p,) in con.execute(
+        "select params from autotune_pareto_members where snapshot_id = (select max(id) from autotune_pareto_snapshots) "
+        "order by ttft_p99_ms")]
+    assert front
+    night = _nightly(tmp_path, scenario_file, db, "--promoted-exit", "0")
+    assert night.returncode == 0, night.stderr  # promoted (a first night), told as 0 as a Kubernetes Job wants
+    assert _nights(tmp_path)[-1][0] == "promoted"
+    study = optuna.load_study(study_name="small-cs.sim.mindie.qwen2-7b.ascend-910b2", storage=db)
+    tonight = study.trials[6:]
+    assert len(tonight) == len(front) + 3  # the front again, then --budget new configs
+    warm = tonight[:len(front)]
+    assert all(t.user_attrs.get("warm_start") for t in warm)
+    assert sorted(json.dumps(t.user_attrs["knobs"], sort_keys=True) for t in warm) == \
+        sorted(json.dumps(p, sort_keys=True) for p in front)
+    assert not any(t.user_attrs.get("warm_start") for t in tonight[len(front):])
+
+
+def test_a_night_whose_measurements_all_failed_stores_no_nan(tmp_path: Path, scenario_file: Path):
+    db = _study(tmp_path, scenario_file)
+    seed = load_export(tmp_path / "seed.yaml").model_dump()
+    seed["knobs"] |= {"max_prefill_tokens": 1_000_000}  # activations alone overflow the device: never runs
+    (tmp_path / "deployed.yaml").write_text(yaml.safe_dump(seed))
+    night = _nightly(tmp_path, scenario_file, db)
+    assert night.returncode == EXIT_PROMOTED, night.stderr  # drift: the deployed config cannot run at all
+    stored = sqlite3.connect(tmp_path / "n.db").execute(
+        "select incumbent from autotune_nightly_runs order by id desc").fetchone()[0]
+    assert "NaN" not in stored and "Infinity" not in stored
+    incumbent = json.loads(stored)
+    assert incumbent["ttft_p99_ms_mean"] is None and not incumbent["feasible_all"]
+    assert all(r["fault"] for r in incumbent["repeats"])
+
+
+def test_lock_is_kept_alive_while_the_night_runs(tmp_path: Path):
+    from sqlalchemy import create_engine
+
+    from tuner.nightly import acquire_lock, lock_kept, release_lock
+    from tuner.storage import Base, NightlyLock
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'lock.db'}")
+    Base.metadata.create_all(engine)
+    acquire_lock(engine, "s")
+
+    def beat_at():
+        with Session(engine) as session:
+            return session.get(NightlyLock, "s").beat_at
+
+    first = beat_at()
+    with lock_kept(engine, "s", every_s=0.05):
+        time.sleep(0.5)
+    assert beat_at() > first
+    release_lock(engine, "s")
+
+
+def test_a_study_refuses_a_scenario_whose_measures_changed(tmp_path: Path, scenario_file: Path):
+    db = _study(tmp_path, scenario_file)
+    data = yaml.safe_load(scenario_file.read_text())
+    data["sla"]["ttft_p99_ms"] = 900
+    scenario_file.write_text(yaml.safe_dump(data))
+    again = run_autotune("--scenario", str(scenario_file), "--trials", "1", "--storage", db, cwd=tmp_path)
+    assert again.returncode == 2 and "measured under another scenario (sla changed)" in again.stderr
+    assert len(optuna.load_study(study_name="small-cs.sim.mindie.qwen2-7b.ascend-910b2", storage=db).trials) == 6
+    data["description"] = "reworded"  # words alone change no measurement
+    data["sla"]["ttft_p99_ms"] = 500
+    scenario_file.write_text(yaml.safe_dump(data))
+    assert run_autotune("--scenario", str(scenario_file), "--trials", "1", "--storage", db, cwd=tmp_path).returncode == 0

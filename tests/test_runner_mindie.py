@@ -21,7 +21,7 @@ from runners.served import load_settings
 from search_spaces.knobs import render
 from tests.conftest import small_scenario
 from tests.runner_contract import RunnerContract
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 INSTALLED = {  # the shape of MindIE 1.x's conf/config.json, trimmed
     "Version": "1.0.0",

@@ -8,7 +8,7 @@ import pytest
 from search_spaces.knobs import KNOBS, render
 from search_spaces.space import SearchSpace
 from tests.conftest import small_scenario
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 
 def test_presets_load_and_vllm_drops_mindie_only_knobs(tmp_path: Path):
@@ -42,7 +42,7 @@ def test_fit_workload_raises_prefill_floor():
 def test_grid_is_finite_and_inside_ranges():
     grid = SearchSpace.load("mindie").grid()
     assert grid["batch_size"][0] == 1 and grid["batch_size"][-1] == 256
-    assert grid["kv_compression"] == [0.25, 0.5, 0.75, 1.0]
+    assert grid["kv_compression"] == [1.0, 0.5]  # MindIE's two KV states, nothing in between
     assert all(1024 <= v <= 16384 and (v - 1024) % 512 == 0 for v in grid["max_prefill_tokens"])
 
 
@@ -53,6 +53,10 @@ def test_rendering_to_engines():
     assert mindie["config"]["ScheduleConfig"] == {"maxBatchSize": 16, "supportSelectBatch": True,
                                                   "maxPrefillTokens": 4096, "maxPrefillBatchSize": 4}
     assert mindie["weights"] == "w8a8"
+    assert mindie["env"] == {"ATB_LLM_RAZOR_ATTENTION_ENABLE": "1"} and "kv_ratio" not in mindie
+    assert "env" not in render("mindie", config | {"kv_compression": 1.0})
+    with pytest.raises(ValueError):
+        render("mindie", {"kv_compression": 0.75})
     args = render("vllm", config)["args"]
     assert args[args.index("--max-num-seqs") + 1] == "16"
     assert args[args.index("--max-num-batched-tokens") + 1] == "4096"
@@ -67,3 +71,21 @@ def test_reversed_range_is_rejected(tmp_path: Path):
     space_file.write_text("knobs:\n  max_prefill_tokens: {low: 4096, high: 1024}\n")
     with pytest.raises(InputError, match="reversed"):
         SearchSpace.load("mindie", space_file)
+
+
+def test_prefill_batch_runs_within_the_batch_size_in_a_static_space():
+    """Sampled in its full range (a static space multivariate TPE can model), run as at most
+    the batch size (MindIE's maxPrefillBatchSize <= maxBatchSize)."""
+    space = SearchSpace.load("mindie")
+    study = optuna.create_study(directions=["minimize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
+    clamped = 0
+    for _ in range(40):
+        trial = study.ask()
+        config = space.suggest(trial)
+        assert study.sampler.__class__ is optuna.samplers.RandomSampler
+        assert trial.distributions["max_prefill_batch_size"].high == 64  # never narrowed by the batch size
+        assert config["max_prefill_batch_size"] == min(trial.params["max_prefill_batch_size"], config["batch_size"])
+        clamped += trial.params["max_prefill_batch_size"] > config["batch_size"]
+        assert not space.violations(config, small_scenario().workload)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    assert clamped > 0

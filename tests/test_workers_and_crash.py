@@ -57,7 +57,8 @@ def test_three_workers_run_exactly_the_requested_trials(tmp_path: Path):
         assert len(set(workers)) >= 2, "the trials should be shared between workers"
         for t in trials:
             if t.state == TrialState.COMPLETE:
-                assert t.user_attrs["ttft_samples"] == 1500 and t.values[1] == t.user_attrs["output_tokens_per_s"]
+                assert t.user_attrs["ttft_samples"] == 1500
+                assert t.values[1] == t.user_attrs["capacity_output_tokens_per_s"]
             else:
                 assert t.user_attrs["fault"]
         snap = latest_snapshot(open_storage(POSTGRES), name)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import warnings
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 import click
 import optuna
@@ -18,28 +17,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from objectives.scenario import Scenario, load_scenario, preset_names
-from runners.base import RUNNERS, Runner
-from search_spaces.space import SearchSpace, parse_config
+from objectives.scoring import throughput_label
+from objectives.userfile import InputError
+from runners.base import RUNNERS
 from tuner import __version__
 from tuner import nightly as night
-from tuner.export import build_export, check_writable, load_export, write_atomic, write_export
-from tuner.samplers import SAMPLERS, make_sampler
-from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage, study_name_missing
-from tuner.study import (StudyRun, TrialReport, best_trial, create_study, default_study_name, optimize, snapshot,
-                         trial_knobs)
-from tuner.userfile import InputError
+from tuner.export import build_export, load_export, write_export
+from tuner.outputs import write_atomic
+from tuner.prepare import Prepared, check_outputs, prepare, report_outputs
+from tuner.report import write_report
+from tuner.samplers import SAMPLERS
+from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage, sqlite_file
+from tuner.study import StudyRun, TrialReport, best_trial, optimize, snapshot, trial_knobs
 
 EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was exported
 
 # Piped output (logs, CI) gets a wide table instead of rich's 80-column default.
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-
-
-def _make_runner(name: str, **options):
-    if name not in RUNNERS:
-        raise InputError(f"--runner: unknown runner {name!r}; allowed: {', '.join(RUNNERS)}")
-    return RUNNERS[name](**options)
 
 
 def _interrupt_on_sigterm() -> None:
@@ -51,23 +46,31 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _front_table(title: str, rows: list[dict], best: int | None) -> Table:
+def _front_table(title: str, rows: list[dict], best: int | None, scenario: Scenario) -> Table:
+    capacity = scenario.load.mode == "capacity"
+    peak = scenario.load.peak_rate
     table = Table(title=title)
-    for column in ("trial", "TTFT p99 ms", "out tok/s", "batch", "first", "prefill tok", "quant", "kv", "p99 n"):
+    columns = ["trial", f"TTFT p99 ms @{scenario.nominal_rate:g}", throughput_label(scenario)]
+    if capacity:
+        columns.append("capacity " + ("in flight" if scenario.closed_loop else "req/s"))
+    if capacity and peak:
+        columns.append(f"instances @{peak:g}/s")
+    columns += ["batch", "first", "prefill tok", "quant", "kv", "p99 n"]
+    for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
         p, m = row["params"], row["metrics"]
-        table.add_row(
-            f"{row['trial']}{' *' if row['trial'] == best else ''}",
-            f"{row['ttft_p99_ms']:.0f}",
-            f"{row['output_tokens_per_s']:.0f}",
-            str(p.get("batch_size", "")),
-            str(p.get("select_batch", "")).removesuffix("-first"),
-            str(p.get("max_prefill_tokens", "")),
-            str(p.get("quantization", "")),
-            str(p.get("kv_compression", "")),
-            str(m.get("ttft_samples", "")),
-        )
+        cells = [f"{row['trial']}{' *' if row['trial'] == best else ''}", f"{row['ttft_p99_ms']:.1f}",
+                 f"{row['output_tokens_per_s']:.0f}"]
+        if capacity:  # measured requests/s at capacity (what sizes the fleet), or requests in flight
+            rate = m.get("capacity_rate") if scenario.closed_loop else m.get("capacity_rps") or None
+            cells.append("-" if rate is None else f"{rate:.3g}{'+' if m.get('capacity_at_ceiling') else ''}")
+        if capacity and peak:
+            cells.append(str(m.get("instances_for_peak") or "-"))
+        cells += [str(p.get("batch_size", "")), str(p.get("select_batch", "")).removesuffix("-first"),
+                  str(p.get("max_prefill_tokens", "")), str(p.get("quantization", "")), str(p.get("kv_compression", "")),
+                  str(m.get("ttft_samples", ""))]
+        table.add_row(*cells)
     return table
 
 
@@ -82,7 +85,8 @@ def _snapshot_rows(snap) -> list[dict]:
 def _export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, path: Path) -> None:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     exported = build_export(study.study_name, trial.number, scenario.name, scenario.sla.model_dump(),
-                            study.user_attrs["identity"], trial_knobs(study, trial), dict(trial.user_attrs))
+                            study.user_attrs["identity"], trial_knobs(study, trial), dict(trial.user_attrs),
+                            scenario.load.peak_rate)
     write_export(path, exported)
 
 
@@ -111,6 +115,9 @@ TUNE_OPTIONS = {
     "study": click.option("--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)"),
     "export": click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True),
     "baseline": click.option("--baseline", "baseline_path", type=click.Path(path_type=Path), help="an exported YAML to re-run as the first trial"),
+    "html": click.option("--html", "html_path", type=click.Path(path_type=Path),
+                         help="HTML report and its Pareto PNG (default: beside --export, NAME.report.html)"),
+    "no_html": click.option("--no-html", is_flag=True, help="write no HTML report"),
     "heartbeat": click.option("--heartbeat", "heartbeat_s", type=click.IntRange(min=1), default=HEARTBEAT_S, show_default=True,
                  help="seconds between a running trial's heartbeats; 3 missed ones fail it as stale"),
 }
@@ -128,47 +135,9 @@ def nightly_options(f):
     return tune_options(f, leave_out=("trials", "baseline"))
 
 
-@dataclass
-class Prepared:
-    scenario: Scenario
-    runner: Runner
-    space: SearchSpace
-    study: optuna.Study
-    storage: optuna.storages.RDBStorage
-
-
-def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_config, space_path, trials, seed,
-            sampler, storage, study_name, export_path, baseline_path, heartbeat_s, must_exist: bool = False) -> Prepared:
-    """Validate every input before anything is written, then open (or resume) the study."""
-    if scenario is None:
-        raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
-    chosen = load_scenario(scenario)
-    runner = _make_runner(runner_name, engine=engine, model=model, hardware=hardware, engine_cmd=engine_cmd,
-                          runner_config=runner_config)
-    space = runner.adapt(SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload))
-    optuna_sampler = make_sampler(sampler, seed, space, trials)
-    baseline = None
-    if baseline_path is not None:
-        baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
-    check_writable(export_path)
-    identity = runner.identity()
-    name = study_name or default_study_name(chosen, identity)
-    if must_exist and study_name_missing(storage, name):
-        raise InputError(f"--study: no study {name!r} in {storage}; run `autotune` or `autotune worker` first")
-    rdb = open_storage(storage, heartbeat_s)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = create_study(rdb, name, optuna_sampler, chosen, identity)
-    study.set_user_attr("fixed_knobs", space.fixed())
-    if baseline is not None:
-        dists = space.distributions()
-        study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
-    for note in space.notes:
+def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None) -> list[TrialReport]:
+    for note in p.space.notes:
         err.print(f"[dim]note: {note}[/dim]")
-    return Prepared(chosen, runner, space, study, rdb)
-
-
-def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None,
-         after_trial: Callable[[], None] = lambda: None) -> list[TrialReport]:
     run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage)
     err.print(f"study [bold]{p.study.study_name}[/bold]: {len(p.study.trials)} earlier trials")
     columns = (TextColumn("trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
@@ -177,21 +146,32 @@ def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | N
 
         def on_trial(report: TrialReport) -> None:
             progress.update(task, advance=1, description=_progress_text(run.reports))
-            after_trial()
 
         optimize(run, trials, timeout_s, on_trial, study_total)
     return run.reports
 
 
-def finish(p: Prepared, reports: list[TrialReport], export_path: Path) -> None:
-    """Snapshot the front, print it, export the best config (exit 3 when none is feasible)."""
+def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
+    if "--html" in outputs:
+        write_report(p.study, p.storage.engine, outputs["--html"])
+        out.print(f"report: {outputs['--html']}")
+
+
+def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) -> None:
+    """Snapshot the front, print it, write the report, export the best config (exit 3 when
+    none is feasible)."""
+    export_path = outputs["--export"]
     study, scenario = p.study, p.scenario
     snapshot(study, scenario, p.storage)
     snap = latest_snapshot(p.storage, study.study_name)
-    failed = sum(1 for r in reports if r.status in ("fail", "infeasible"))
+    counts = {status: sum(1 for r in reports if r.status == status)
+              for status in ("feasible", "violates-sla", "infeasible", "fail")}
     out.print(_front_table(f"SLA-feasible Pareto front of {study.study_name} (TTFT p99 <= {scenario.sla.ttft_p99_ms:g} ms)",
-                           _snapshot_rows(snap), snap.best_trial))
-    out.print(f"{len(reports)} trials this run ({failed} failed or infeasible), {len(study.trials)} in the study")
+                           _snapshot_rows(snap), snap.best_trial, scenario))
+    out.print(f"{len(reports)} trials this run: {counts['feasible']} met the SLA, {counts['violates-sla']} missed it, "
+              f"{counts['infeasible']} could not run, {counts['fail']} failed; {len(study.trials)} in the study")
+    if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        write_html(p, outputs)
     best = best_trial(study, scenario)
     if best is None:
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
@@ -204,26 +184,28 @@ def finish(p: Prepared, reports: list[TrialReport], export_path: Path) -> None:
 @tune_options
 @click.version_option(__version__, prog_name="autotune")
 @click.pass_context
-def cli(ctx, trials, timeout_s, export_path, **options):
+def cli(ctx, trials, timeout_s, export_path, html_path, no_html, **options):
     """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`.
 
     --trials is the number of trials this run adds to the study.
     """
     if ctx.invoked_subcommand is not None:
         return
-    prepared = prepare(trials=trials, export_path=export_path, **options)
-    finish(prepared, tune(prepared, trials, timeout_s), export_path)
+    outputs = report_outputs(export_path, html_path, no_html)
+    prepared = prepare(trials=trials, export_path=export_path, outputs=outputs, **options)
+    finish(prepared, tune(prepared, trials, timeout_s), outputs)
 
 
 @cli.command()
 @tune_options
-def worker(trials, timeout_s, export_path, **options):
+def worker(trials, timeout_s, export_path, html_path, no_html, **options):
     """One of many workers sharing a study (e.g. one per host on PostgreSQL).
 
     --trials is the total for the study: all workers together run exactly that many.
     """
-    prepared = prepare(trials=trials, export_path=export_path, **options)
-    finish(prepared, tune(prepared, trials, timeout_s, study_total=trials), export_path)
+    outputs = report_outputs(export_path, html_path, no_html)
+    prepared = prepare(trials=trials, export_path=export_path, outputs=outputs, **options)
+    finish(prepared, tune(prepared, trials, timeout_s, study_total=trials), outputs)
 
 
 def _storage_option(f):
@@ -236,44 +218,57 @@ def _storage_option(f):
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="measurements of incumbent and candidate")
 @click.option("--min-gain", type=click.FloatRange(min=0), default=0.02, show_default=True, help="smallest relative gain that promotes")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="markdown report (default: beside --export)")
-def nightly_cmd(budget, repeats, min_gain, report_path, timeout_s, export_path, **options):
+@click.option("--promoted-exit", type=click.IntRange(0, 255), default=night.EXIT_PROMOTED, show_default=True,
+              help="exit status of a promotion (0 for a Kubernetes Job, which fails on any other)")
+def nightly_cmd(budget, repeats, min_gain, report_path, promoted_exit, timeout_s, export_path, html_path, no_html,
+                **options):
     """Re-tune a study and promote a new config only when it is truly better (for cron).
 
     Exit status: 0 unchanged, 10 promoted, 20 failed (nothing meets the SLA), 2 bad input or
     another nightly run holds the lock.
     """
-    incumbent = load_export(export_path) if export_path.exists() else None
+    incumbent = load_export(export_path) if os.path.lexists(export_path) else None
     report_path = report_path or export_path.with_name(export_path.stem + ".nightly.md")
-    check_writable(report_path)
-    p = prepare(trials=budget, export_path=export_path, baseline_path=None, must_exist=True, **options)
+    outputs = report_outputs(export_path, html_path, no_html) | {
+        "--report": report_path, "--export's .prev": export_path.with_name(export_path.name + ".prev")}
+    p = prepare(trials=budget, export_path=export_path, baseline_path=None, must_exist=True, outputs=outputs, **options)
     engine, name = p.storage.engine, p.study.study_name
     taken = night.acquire_lock(engine, name)
     if taken:
         err.print(f"note: {taken}")
     try:
-        started = datetime.now(timezone.utc)
-        inc = night.measure(p.runner, p.scenario, incumbent.knobs, repeats) if incumbent else None
-        last = latest_snapshot(p.storage, name)
-        warm = [m.params for m in last.members] if last else []
-        for params in warm:
-            p.study.enqueue_trial(params, skip_if_exists=True)
-        reports = tune(p, budget + len(warm), timeout_s, after_trial=lambda: night.beat_lock(engine, name))
-        snapshot(p.study, p.scenario, p.storage)
-        best = best_trial(p.study, p.scenario)
-        cand = night.measure(p.runner, p.scenario, trial_knobs(p.study, best), repeats) if best else None
-        decision = night.decide(p.scenario, inc, cand, min_gain)
-        if decision.outcome == "promoted":
-            if export_path.exists():
-                write_atomic(export_path.with_name(export_path.name + ".prev"), export_path.read_text())
-            _export_trial(p.study, best, export_path)
-        night.record_night(engine, name, started, decision, inc, cand)
-        write_atomic(report_path, night.report(name, started, decision, inc, cand, best.number if best else None))
+        with night.lock_kept(engine, name):
+            started = datetime.now(timezone.utc)
+            inc = night.measure(p.runner, p.scenario, incumbent.knobs, repeats) if incumbent else None
+            # Warm start: tonight re-measures last night's front first, then tries `budget` new configs.
+            last = latest_snapshot(p.storage, name)
+            dists = p.space.distributions()
+            warm = [{k: v for k, v in m.params.items() if k in dists} for m in last.members] if last else []
+            for params in warm:
+                p.study.enqueue_trial(params, user_attrs={"warm_start": True})
+            reports = tune(p, budget + len(warm), timeout_s)
+            snapshot(p.study, p.scenario, p.storage)
+            best = best_trial(p.study, p.scenario)
+            cand = night.measure(p.runner, p.scenario, trial_knobs(p.study, best), repeats) if best else None
+            decision = night.decide(p.scenario, inc, cand, min_gain)
+            # The night is on record before the deployed file changes.
+            night.record_night(engine, name, started, decision, inc, cand)
+            if decision.outcome == "promoted":
+                if export_path.exists():
+                    write_atomic(export_path.with_name(export_path.name + ".prev"), export_path.read_text())
+                _export_trial(p.study, best, export_path)
+            write_atomic(report_path, night.report(name, started, decision, inc, cand, best.number if best else None))
+            write_html(p, outputs)
     finally:
         night.release_lock(engine, name)
     if decision.drift:
         err.print("[bold red]DRIFT: the deployed config no longer meets the SLA[/bold red]")
     out.print(f"{decision.outcome}: {decision.reason} ({len(reports)} trials tonight; report {report_path})")
-    sys.exit({"promoted": night.EXIT_PROMOTED, "unchanged": night.EXIT_UNCHANGED}.get(decision.outcome, night.EXIT_FAILED))
+    sys.exit({"promoted": promoted_exit, "unchanged": night.EXIT_UNCHANGED}.get(decision.outcome, night.EXIT_FAILED))
+
+
+def _tokens(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 @cli.command()
@@ -281,20 +276,19 @@ def nightly_cmd(budget, repeats, min_gain, report_path, timeout_s, export_path, 
 @click.option("--study", "study_name", help="only this study")
 def history(storage, study_name):
     """List past nightly runs."""
-    rdb = open_storage(storage)
+    rdb = open_storage(storage, must_exist=True)
     table = Table()
-    for column in ("date", "study", "decision", "deployed tok/s", "candidate tok/s", "reason"):
+    for column in ("date", "study", "decision", "deployed tok/s", "candidate tok/s", "reason"):  # throughput objective
         table.add_column(column)
     for n in night.nights(rdb.engine, study_name):
         inc, cand = n.incumbent or {}, n.candidate or {}
         table.add_row(f"{n.started_at:%Y-%m-%d %H:%M}", n.study_name, n.decision,
-                      f"{inc.get('output_tokens_per_s_mean', float('nan')):.0f}" if inc else "-",
-                      f"{cand.get('output_tokens_per_s_mean', float('nan')):.0f}" if cand else "-", n.reason)
+                      _tokens(inc.get("output_tokens_per_s_mean")), _tokens(cand.get("output_tokens_per_s_mean")), n.reason)
     out.print(table)
 
 
 def _load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
-    rdb = open_storage(storage)
+    rdb = open_storage(storage, must_exist=True)
     names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]
     if study_name is None:
         if len(names) != 1:
@@ -335,7 +329,21 @@ def pareto(storage, study_name, as_json):
                                "trials_total": snap.trials_total, "trials_feasible": snap.trials_feasible,
                                "best_trial": snap.best_trial, "front": rows}, indent=2))
     else:
-        out.print(_front_table(f"SLA-feasible Pareto front of {study.study_name}", rows, snap.best_trial))
+        scenario = Scenario.model_validate(study.user_attrs["scenario"])
+        out.print(_front_table(f"SLA-feasible Pareto front of {study.study_name}", rows, snap.best_trial, scenario))
+
+
+@cli.command("report")
+@_storage_option
+@click.option("--study", "study_name")
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), default=Path("report.html"),
+              show_default=True, help="the HTML file; its Pareto plot goes beside it as .png")
+def report_cmd(storage, study_name, output_path):
+    """Write a self-contained HTML report of a study (and a PNG of its Pareto plot)."""
+    check_outputs({"-o": output_path, "-o's .png": output_path.with_suffix(".png")}, {"--storage": sqlite_file(storage)})
+    study, rdb = _load_study(storage, study_name)
+    png = write_report(study, rdb.engine, output_path)
+    out.print(f"report: {output_path} (Pareto plot: {png})")
 
 
 @cli.command("export")
@@ -345,7 +353,7 @@ def pareto(storage, study_name, as_json):
 @click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True)
 def export_cmd(storage, study_name, trial_number, export_path):
     """Write the YAML of a trial (default: the best SLA-feasible one)."""
-    check_writable(export_path)
+    check_outputs({"--export": export_path}, {"--storage": sqlite_file(storage)})
     study, _ = _load_study(storage, study_name)
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     if trial_number is None:

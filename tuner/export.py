@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,7 +11,8 @@ from pydantic import BaseModel, ConfigDict
 
 import tuner
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
-from tuner.userfile import InputError, load_yaml
+from objectives.userfile import load_yaml
+from tuner.outputs import write_atomic
 
 
 class ExportedConfig(BaseModel):
@@ -31,6 +30,7 @@ class ExportedConfig(BaseModel):
     hardware: str
     knobs: dict[str, Any]
     native: dict[str, Any]
+    capacity: dict[str, Any] | None = None  # what one instance sustains within the SLA
     metrics: dict[str, Any]
 
 
@@ -60,8 +60,30 @@ def native_forms(knobs: dict[str, Any]) -> dict[str, Any]:
     return forms
 
 
+# Trial attributes that are no measurement of the config (or too long for a deploy file).
+NOT_EXPORTED = ("knobs", "capacity_steps", "status")
+
+
+def capacity_summary(metrics: dict[str, Any], peak_rate: float | None) -> dict[str, Any] | None:
+    """Capacity per instance and, for a stated peak, the instances it needs (fleet sizing)."""
+    if "capacity_rate" not in metrics:
+        return None
+    summary = {
+        "rate": metrics["capacity_rate"],
+        "rate_unit": metrics.get("capacity_rate_unit", "req/s"),
+        "requests_per_s": metrics["capacity_rps"],
+        "output_tokens_per_s": metrics["capacity_output_tokens_per_s"],
+        "ttft_p99_ms": metrics.get("capacity_ttft_p99_ms"),
+        "at_ceiling": metrics.get("capacity_at_ceiling", False),
+        "time_limited": metrics.get("capacity_time_limited", False),
+    }
+    if peak_rate is not None:
+        summary |= {"peak_rate": peak_rate, "instances_for_peak": metrics.get("instances_for_peak")}
+    return summary
+
+
 def build_export(study: str, trial: int, scenario: str, sla: dict, identity: dict[str, str],
-                 knobs: dict[str, Any], metrics: dict[str, Any]) -> ExportedConfig:
+                 knobs: dict[str, Any], metrics: dict[str, Any], peak_rate: float | None = None) -> ExportedConfig:
     return ExportedConfig(
         autotune_version=tuner.__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -75,33 +97,9 @@ def build_export(study: str, trial: int, scenario: str, sla: dict, identity: dic
         hardware=identity["hardware"],
         knobs=knobs,
         native=native_forms(knobs),
-        metrics=metrics,
+        capacity=capacity_summary(metrics, peak_rate),
+        metrics={key: value for key, value in metrics.items() if key not in NOT_EXPORTED},
     )
-
-
-def check_writable(path: Path) -> None:
-    parent = path.expanduser().resolve().parent
-    if not parent.is_dir():
-        raise InputError(f"--export: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"--export: directory {parent} is not writable")
-    if path.is_dir():
-        raise InputError(f"--export: {path} is a directory")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write beside the target, then rename over it: readers see the old file or the new one."""
-    path = path.expanduser()
-    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def write_export(path: Path, exported: ExportedConfig) -> None:

@@ -22,13 +22,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from objectives.scenario import Scenario
-from objectives.scoring import constraint_values, is_feasible
+from objectives.scoring import constraint_values, is_feasible, objective_values
 from runners.base import Runner
-from runners.measurement import summarize
+from runners.capacity import evaluate
 from runners.process import pid_alive
 from tuner.storage import NightlyLock, NightlyRun
-from tuner.study import WORKER
-from tuner.userfile import InputError
+from tuner.study import WORKER, beating
+from objectives.userfile import InputError
 
 EXIT_UNCHANGED, EXIT_PROMOTED, EXIT_FAILED = 0, 10, 20
 LOCK_STALE_AFTER = timedelta(minutes=30)  # no heartbeat for this long: the holder is gone
@@ -37,15 +37,18 @@ LOCK_STALE_AFTER = timedelta(minutes=30)  # no heartbeat for this long: the hold
 @dataclass
 class Repeats:
     knobs: dict[str, Any]
-    runs: list[dict[str, Any]]  # per repeat: ttft_p99_ms, output_tokens_per_s, feasible, fault
+    # per repeat: ttft_p99_ms, output_tokens_per_s (the throughput objective: at capacity in
+    # capacity mode), feasible, fault
+    runs: list[dict[str, Any]]
 
     @property
     def feasible_all(self) -> bool:
         return all(r["feasible"] for r in self.runs)
 
-    def mean(self, key: str) -> float:
+    def mean(self, key: str) -> float | None:
+        """None when no repeat measured it: storage gets no NaN (PostgreSQL's JSON refuses it)."""
         values = [r[key] for r in self.runs if r[key] is not None]
-        return float(np.mean(values)) if values else float("nan")
+        return float(np.mean(values)) if values else None
 
     def spread(self, key: str) -> float:
         values = [r[key] for r in self.runs if r[key] is not None]
@@ -57,17 +60,20 @@ class Repeats:
 
 
 def measure(runner: Runner, scenario: Scenario, knobs: dict[str, Any], repeats: int) -> Repeats:
+    """Evaluate a config `repeats` times as a trial does (capacity included), workload seed + k."""
     runs = []
     for k in range(repeats):
-        workload = scenario.workload.model_copy(update={"seed": scenario.workload.seed + k})
-        m = runner.run(knobs, workload)
-        if m.fault is not None:
-            runs.append({"ttft_p99_ms": None, "output_tokens_per_s": None, "feasible": False, "fault": m.fault.message})
+        evaluation = evaluate(runner, knobs, scenario, seed_offset=k)
+        if evaluation.fault is not None:
+            runs.append({"ttft_p99_ms": None, "output_tokens_per_s": None, "feasible": False,
+                         "fault": evaluation.fault.message})
             continue
-        metrics = summarize(m, scenario.sla)
-        ok = metrics["ttft_p99_ms"] is not None and is_feasible(constraint_values(metrics, scenario.sla))
-        runs.append({"ttft_p99_ms": metrics["ttft_p99_ms"], "output_tokens_per_s": metrics["output_tokens_per_s"],
-                     "feasible": ok, "fault": None})
+        metrics = evaluation.metrics
+        values = objective_values(metrics, scenario)
+        ok = values is not None and is_feasible(constraint_values(metrics, scenario.sla))
+        ttft, throughput = values if values is not None else (None, None)
+        runs.append({"ttft_p99_ms": ttft, "output_tokens_per_s": throughput, "feasible": ok, "fault": None,
+                     **({"capacity_rps": metrics["capacity_rps"]} if "capacity_rps" in metrics else {})})
     return Repeats(knobs, runs)
 
 
@@ -145,6 +151,15 @@ def beat_lock(engine, study_name: str) -> None:
                         .values(beat_at=datetime.now(timezone.utc)))
 
 
+LOCK_BEAT_S = 60.0
+
+
+def lock_kept(engine, study_name: str, every_s: float = LOCK_BEAT_S):
+    """Beat the lock while the night runs: measuring on real engines takes longer than the
+    stale limit, and a silent lock would be taken over by another host."""
+    return beating(lambda: beat_lock(engine, study_name), every_s, "autotune-nightly-lock")
+
+
 def release_lock(engine, study_name: str) -> None:
     with Session(engine) as session, session.begin():
         session.execute(delete(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER))
@@ -169,15 +184,20 @@ def nights(engine, study_name: str | None) -> list[NightlyRun]:
         return list(session.scalars(query))
 
 
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def report(study_name: str, started: datetime, decision: Decision,
            incumbent: Repeats | None, candidate: Repeats | None, candidate_trial: int | None) -> str:
     lines = [f"# autotune nightly: {study_name}", "", f"{started:%Y-%m-%d %H:%M} UTC", ""]
     if decision.drift:
         lines += ["## DRIFT: the deployed config no longer meets the SLA", ""]
     lines += [f"**Decision: {decision.outcome}.** {decision.reason}", "",
-              "| config | repeats meeting SLA | TTFT p99 ms (mean) | output tok/s (mean) |", "|---|---|---|---|"]
+              "| config | repeats meeting SLA | TTFT p99 ms (mean) | throughput tok/s (mean) |", "|---|---|---|---|"]
     for label, r in (("deployed", incumbent), (f"candidate (trial {candidate_trial})", candidate)):
         if r is not None:
             met = sum(run["feasible"] for run in r.runs)
-            lines.append(f"| {label} | {met}/{len(r.runs)} | {r.mean('ttft_p99_ms'):.0f} | {r.mean('output_tokens_per_s'):.0f} |")
+            ttft, throughput = r.mean("ttft_p99_ms"), r.mean("output_tokens_per_s")
+            lines.append(f"| {label} | {met}/{len(r.runs)} | {_number(ttft)} | {_number(throughput)} |")
     return "\n".join(lines) + "\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 
 from search_spaces.space import SearchSpace
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid")
 
@@ -16,9 +16,11 @@ def make_sampler(name: str, seed: int, space: SearchSpace, trials: int) -> optun
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
         try:
-            import torch  # noqa: F401  (Optuna's GPSampler needs it)
-        except ImportError:
-            raise InputError("--sampler gp needs PyTorch: pip install 'autotune[gp]' (or pick tpe)") from None
+            import scipy  # noqa: F401  (Optuna's GPSampler needs both, from its first fitted trial on)
+            import torch  # noqa: F401
+        except ImportError as error:
+            raise InputError(f"--sampler gp needs PyTorch and SciPy ({error.name} is missing): "
+                             "pip install 'autotune[gp]' (or pick tpe)") from None
         return optuna.samplers.GPSampler(seed=seed)
     if name == "nsga2":
         # Optuna's default population of 50 would leave a short study entirely random.

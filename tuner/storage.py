@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 DEFAULT_STORAGE = "sqlite:///studies.db"
 
@@ -63,8 +63,20 @@ class TrialBudget(Base):
     claimed: Mapped[int] = mapped_column(Integer)
 
 
-def check_url(url: str) -> None:
-    """Fail with one clear line before anything is written when a storage cannot be opened."""
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL (None for other databases or a malformed URL)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def check_url(url: str, must_exist: bool = False) -> None:
+    """Fail with one clear line before anything is written when a storage cannot be opened;
+    with must_exist (read-only commands) a missing SQLite file is an error, never created."""
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -73,7 +85,10 @@ def check_url(url: str) -> None:
         database = parsed.database or ""
         if database in ("", ":memory:"):
             raise InputError("--storage: an in-memory SQLite database would lose every trial; give a file")
-        parent = Path(database).expanduser().resolve().parent
+        path = Path(database).expanduser()
+        if must_exist and not path.exists():
+            raise InputError(f"--storage: no database at {path} (a study writes one there first)")
+        parent = path.resolve().parent
         if not parent.is_dir():
             raise InputError(f"--storage: directory {parent} does not exist")
         return
@@ -82,7 +97,11 @@ def check_url(url: str) -> None:
         with engine.connect():
             pass
         engine.dispose()
-    except (SQLAlchemyError, ImportError) as error:
+    except ImportError as error:
+        hint = " (pip install 'autotune[postgres]')" if "psycopg" in str(error) else ""
+        raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: "
+                         f"the driver is not installed: {error}{hint}") from None
+    except SQLAlchemyError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: {first}") from None
 
@@ -106,8 +125,8 @@ def study_name_missing(url: str, name: str) -> bool:
 HEARTBEAT_S = 10  # a running trial's heartbeat; after 3 missed ones it is failed as stale
 
 
-def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S) -> optuna.storages.RDBStorage:
-    check_url(url)
+def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S, must_exist: bool = False) -> optuna.storages.RDBStorage:
+    check_url(url, must_exist)
 
     def give_back_slot(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         release_claim(storage, study.study_name)
@@ -147,7 +166,7 @@ def save_snapshot(
                     trial_number=t.number,
                     ttft_p99_ms=t.values[0],
                     output_tokens_per_s=t.values[1],
-                    params=json.loads(json.dumps(t.params)),
+                    params=json.loads(json.dumps(t.user_attrs.get("knobs", t.params))),  # every knob, as run
                     metrics=json.loads(json.dumps(t.user_attrs)),
                 )
                 for t in front

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import warnings
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,14 +15,20 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
-from objectives.scoring import DIRECTIONS, constraint_values, is_feasible, objective_values, pick_best
+from objectives.scoring import (DIRECTIONS, constraint_values, is_feasible, objective_names, objective_values,
+                                pick_best)
 from runners.base import Runner
-from runners.measurement import Fault, summarize
+from runners.capacity import evaluate
+from runners.measurement import Fault
 from search_spaces.space import SearchSpace
+from objectives.userfile import InputError
 from tuner.storage import claim_trial, ensure_budget, save_snapshot
 
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
+# What a trial's numbers depend on: a study keeps them, and refuses a scenario that changed them.
+SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance")
+CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization's key
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
@@ -52,31 +59,45 @@ def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optun
     study = optuna.create_study(
         storage=storage, study_name=name, sampler=sampler, directions=list(DIRECTIONS), load_if_exists=True
     )
+    recorded = study.user_attrs.get("scenario")
+    changed = [key for key in SCENARIO_MEASURES
+               if recorded is not None and recorded.get(key) != scenario.model_dump(mode="json")[key]]
+    if changed:
+        raise InputError(f"--study {name}: its trials were measured under another scenario ({', '.join(changed)} "
+                         "changed), so they cannot be compared; give a new --study name")
     study.set_user_attr("scenario", scenario.model_dump(mode="json"))
+    with warnings.catch_warnings():  # experimental in Optuna; optuna-dashboard shows the names
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(objective_names(scenario)))
     study.set_user_attr("identity", identity)
     ensure_budget(storage, name, len(study.trials))
     return study
 
 
 @contextmanager
-def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
-    """Keep the trial's heartbeat while it runs: if this process dies, the next one to open
-    the study sees the heartbeat stop and fails the trial (Optuna's stale-trial check)."""
+def beating(beat: Callable[[], None], every_s: float, name: str):
+    """Call `beat` every `every_s` seconds from a thread while the block runs."""
     stop = threading.Event()
-    interval = storage.get_heartbeat_interval()
 
-    def beat() -> None:
-        while not stop.wait(interval):
-            storage.record_heartbeat(trial._trial_id)
+    def loop() -> None:
+        while not stop.wait(every_s):
+            beat()
 
-    storage.record_heartbeat(trial._trial_id)
-    thread = threading.Thread(target=beat, daemon=True, name="autotune-heartbeat")
+    thread = threading.Thread(target=loop, daemon=True, name=name)
     thread.start()
     try:
         yield
     finally:
         stop.set()
         thread.join()
+
+
+def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
+    """Keep the trial's heartbeat while it runs: if this process dies, the next one to open
+    the study sees the heartbeat stop and fails the trial (Optuna's stale-trial check)."""
+    storage.record_heartbeat(trial._trial_id)
+    return beating(lambda: storage.record_heartbeat(trial._trial_id), storage.get_heartbeat_interval(),
+                   "autotune-heartbeat")
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None = None,
@@ -96,7 +117,7 @@ def _grid_exhausted(study: optuna.Study) -> bool:
 
 
 def _fail(study: optuna.Study, trial: optuna.Trial, config: dict, fault: Fault) -> TrialReport:
-    status = "infeasible" if fault.kind in ("infeasible", "sla-violated") else "fail"
+    status = {"infeasible": "infeasible", "sla-violated": "violates-sla"}.get(fault.kind, "fail")
     trial.set_user_attr("status", status)
     trial.set_user_attr("fault_kind", fault.kind)
     trial.set_user_attr("fault", fault.message)
@@ -106,33 +127,40 @@ def _fail(study: optuna.Study, trial: optuna.Trial, config: dict, fault: Fault) 
     return TrialReport(trial.number, config, status, reason=fault.message)
 
 
+def record_constraints(trial: optuna.Trial, constraints: dict[str, float]) -> None:
+    """The SLA as Optuna's trial constraints, in the list form of the `constraints` system
+    attribute: every sampler and `best_trials` read it, and so does optuna-dashboard 0.21, which
+    knows nothing of `set_constraint`'s per-key form. The names stay in `sla_constraints`."""
+    trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, list(constraints.values()))
+    trial.set_user_attr("sla_constraints", constraints)
+
+
 def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     scenario, workload = run.scenario, run.scenario.workload
     config = run.space.suggest(trial)
+    trial.set_user_attr("knobs", config)
     reasons = run.space.violations(config, workload) + run.runner.violations(config, workload)
     if reasons:
         return _fail(run.study, trial, config, Fault("infeasible", "; ".join(reasons)))
     try:
-        measurement = run.runner.run(config, workload, scenario.sla)
+        evaluation = evaluate(run.runner, config, scenario)
     except KeyboardInterrupt:
         _fail(run.study, trial, config, Fault("interrupted", "interrupted by the user"))
         raise
-    for key, value in measurement.extra.items():
+    for key, value in evaluation.extra.items():
         trial.set_user_attr(f"runner_{key}", value)
-    if measurement.fault is not None:
-        if measurement.sent:  # partial metrics of an early-rejected or failed load
-            for key, value in summarize(measurement, scenario.sla).items():
-                trial.set_user_attr(f"partial_{key}", value)
-        return _fail(run.study, trial, config, measurement.fault)
-    metrics = summarize(measurement, scenario.sla)
+    if evaluation.fault is not None:
+        for key, value in evaluation.partial.items():  # an early-rejected or failed load
+            trial.set_user_attr(f"partial_{key}", value)
+        return _fail(run.study, trial, config, evaluation.fault)
+    metrics = evaluation.metrics
     for key, value in metrics.items():
         trial.set_user_attr(key, value)
-    values = objective_values(metrics)
+    values = objective_values(metrics, scenario)
     if values is None:
         return _fail(run.study, trial, config, Fault("error", "no request succeeded: no TTFT or throughput to report"))
     constraints = constraint_values(metrics, scenario.sla)
-    for key, value in constraints.items():
-        trial.set_constraint(key, value)
+    record_constraints(trial, constraints)
     status = "feasible" if is_feasible(constraints) else "violates-sla"
     trial.set_user_attr("status", status)
     _tell(run.study, trial, list(values))
@@ -169,7 +197,10 @@ def optimize(run: StudyRun, trials: int, timeout_s: float | None,
 
 
 def trial_knobs(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-    """Every knob of a trial: the sampled ones and those the search space held fixed."""
+    """Every knob of a trial, as it ran: stored on the trial itself, since each run of a study
+    may hold other knobs fixed (studies from before that fall back to the study's record)."""
+    if "knobs" in trial.user_attrs:
+        return dict(trial.user_attrs["knobs"])
     return study.user_attrs.get("fixed_knobs", {}) | trial.params
 
 

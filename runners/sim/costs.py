@@ -61,7 +61,9 @@ class CostModel:
         m, hw = self.model, self.hardware
         rows = prefill_tokens + decode_seqs
         gemm_flops = 2 * m.params_body * rows + 2 * m.params_lm_head * (prefill_seqs + decode_seqs)
-        efficiency = rows / (rows + hw.gemm_half_tokens.value)
+        # Matmul efficiency grows with the tokens of a prefill; pure decode steps stream the weights
+        # and are bandwidth-bound, which the memory bound below already says.
+        efficiency = rows / (rows + hw.gemm_half_tokens.value) if prefill_tokens else 1.0
         compute = gemm_flops / (self.flops_per_s * efficiency)
         compute += self.attn_flops_per_pair * (prefill_pairs + decode_context) / self.flops_per_s
         kv_bytes = self.kv_bytes_per_token * (decode_context + prefill_prefix + prefill_tokens)

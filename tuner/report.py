@@ -1,0 +1,201 @@
+"""The study report: one self-contained HTML file (plotly.js, the figures and their data inline,
+so it opens with no network) and a PNG of the Pareto plot beside it (Optuna's matplotlib plot).
+"""
+
+from __future__ import annotations
+
+import html
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+import plotly.graph_objects as go
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+from plotly.offline import get_plotlyjs
+
+from objectives.scenario import Scenario
+from objectives.scoring import is_feasible, throughput_label
+from objectives.userfile import InputError
+from tuner import nightly as night
+from tuner.export import build_export
+from tuner.outputs import write_atomic
+from tuner.study import best_trial, feasible_front, trial_knobs
+
+KNOB_COLUMNS = ("batch_size", "select_batch", "max_prefill_tokens", "quantization", "kv_compression")
+
+
+def _hover(t: FrozenTrial) -> str:
+    knobs = t.user_attrs.get("knobs", t.params)
+    lines = [f"trial {t.number}"] + [f"{k}: {knobs[k]}" for k in KNOB_COLUMNS if k in knobs]
+    if not is_feasible(t.constraints):
+        named = t.user_attrs.get("sla_constraints", t.constraints)
+        lines.append("misses the SLA: " + ", ".join(f"{k} +{v:.0%}" for k, v in named.items() if v > 0))
+    if t.user_attrs.get("capacity_note"):
+        lines.append(t.user_attrs["capacity_note"])
+    return "<br>".join(html.escape(str(line)) for line in lines)
+
+
+def pareto_figure(study: optuna.Study, scenario: Scenario, best: FrozenTrial | None) -> go.Figure:
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    fig = go.Figure()
+    for feasible, name, marker in ((False, "misses the SLA", dict(color="#bbbbbb", symbol="x")),
+                                   (True, "meets the SLA", dict(color="#1f77b4"))):
+        group = [t for t in done if is_feasible(t.constraints) == feasible]
+        fig.add_trace(go.Scatter(x=[t.values[0] for t in group], y=[t.values[1] for t in group], mode="markers",
+                                 name=name, marker=marker, text=[_hover(t) for t in group], hoverinfo="text"))
+    front = feasible_front(study)
+    fig.add_trace(go.Scatter(x=[t.values[0] for t in front], y=[t.values[1] for t in front], mode="lines+markers",
+                             name="Pareto front", line=dict(shape="hv", color="#2ca02c")))
+    if best is not None:
+        fig.add_trace(go.Scatter(x=[best.values[0]], y=[best.values[1]], mode="markers", name=f"exported (trial {best.number})",
+                                 marker=dict(size=16, symbol="star", color="#d62728"), text=[_hover(best)], hoverinfo="text"))
+    fig.add_vline(x=scenario.sla.ttft_p99_ms, line_dash="dash", annotation_text="SLA")
+    fig.update_layout(title="TTFT p99 against throughput, every measured trial",
+                      xaxis_title=f"TTFT p99 (ms) at {scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}",
+                      yaxis_title=throughput_label(scenario), xaxis_type="log")
+    return fig
+
+
+def curves_figure(front: list[FrozenTrial], scenario: Scenario) -> go.Figure | None:
+    with_steps = [t for t in front if t.user_attrs.get("capacity_steps")]
+    if not with_steps:
+        return None
+    fig = go.Figure()
+    for t in with_steps:
+        # Steps stopped early carry partial figures: the curve uses the loads measured whole.
+        steps = sorted((s for s in t.user_attrs["capacity_steps"] if s.get("ttft_p99_ms") is not None
+                        and "fault" not in s), key=lambda s: s["rate"])
+        fig.add_trace(go.Scatter(x=[s["output_tokens_per_s"] for s in steps], y=[s["ttft_p99_ms"] for s in steps],
+                                 mode="lines+markers", name=f"trial {t.number}",
+                                 text=[f"rate {s['rate']:g}, {'meets' if s['meets_sla'] else 'misses'} the SLA"
+                                       for s in steps], hoverinfo="text+x+y"))
+    fig.add_hline(y=scenario.sla.ttft_p99_ms, line_dash="dash", annotation_text="SLA")
+    fig.update_layout(title="Latency against throughput as the load rises (the front's configs)",
+                      xaxis_title="output tok/s measured", yaxis_title="TTFT p99 (ms)", yaxis_type="log")
+    return fig
+
+
+def progress_figure(study: optuna.Study, scenario: Scenario) -> go.Figure:
+    numbers, best, so_far = [], [], None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if is_feasible(t.constraints):
+            so_far = t.values[1] if so_far is None else max(so_far, t.values[1])
+        numbers.append(t.number)
+        best.append(so_far)
+    fig = go.Figure(go.Scatter(x=numbers, y=best, mode="lines", line=dict(shape="hv")))
+    fig.update_layout(title="Best SLA-feasible throughput over trials", xaxis_title="trial",
+                      yaxis_title=throughput_label(scenario))
+    return fig
+
+
+def _optuna_figures(study: optuna.Study, scenario: Scenario) -> list[go.Figure]:
+    """Knob importance and parallel coordinates on the throughput objective (Optuna's own plots)."""
+    def throughput(t: FrozenTrial) -> float:
+        return t.values[1]
+
+    label = throughput_label(scenario)
+    plots = (
+        # Optuna's default evaluator (PED-ANOVA) ranks knobs by how they reach low target values:
+        # high throughput is a low negative throughput.
+        lambda: optuna.visualization.plot_param_importances(
+            study, target=lambda t: -throughput(t), target_name=f"{label} (what reaches the highest)"),
+        lambda: optuna.visualization.plot_parallel_coordinate(study, target=throughput, target_name=label),
+    )
+    figures = []
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no feasible trial" is the report's to say
+    try:
+        for plot in plots:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    figures.append(plot())
+            except (ValueError, RuntimeError):  # too few trials, or no knob that varied
+                continue
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return figures
+
+
+def _section(title: str, body: str) -> str:
+    return f"<section><h2>{html.escape(title)}</h2>{body}</section>"
+
+
+def _table(rows: list[list[Any]], head: list[str]) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{cells}</tr>{body}</table>"
+
+
+def build_html(study: optuna.Study, engine) -> str:
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    best = best_trial(study, scenario)
+    front = feasible_front(study)
+    figures = [pareto_figure(study, scenario, best), curves_figure(front, scenario), progress_figure(study, scenario),
+               *_optuna_figures(study, scenario)]
+    plots = "".join(f"<div class='plot'>{f.to_html(full_html=False, include_plotlyjs=False)}</div>"
+                    for f in figures if f is not None)
+    trials = study.get_trials(deepcopy=False)
+    started = [t.datetime_start for t in trials if t.datetime_start]
+    finished = [t.datetime_complete for t in trials if t.datetime_complete]
+    span = f"{min(started):%Y-%m-%d %H:%M} to {max(finished):%Y-%m-%d %H:%M}" if started and finished else "-"
+    counts = {state.name: sum(t.state == state for t in trials) for state in (TrialState.COMPLETE, TrialState.FAIL)}
+    summary = _table([[study.study_name, len(trials), counts["COMPLETE"], counts["FAIL"], len(front), span]],
+                     ["study", "trials", "measured", "failed or could not run", "front", "ran"])
+    scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)
+    parts = [_section("Study", summary + f"<pre>{html.escape(scenario_yaml)}</pre>")]
+    if best is not None:
+        exported = build_export(study.study_name, best.number, scenario.name, scenario.sla.model_dump(),
+                                study.user_attrs["identity"], trial_knobs(study, best), dict(best.user_attrs),
+                                scenario.load.peak_rate)
+        shown = {k: v for k, v in exported.model_dump().items() if k != "metrics"}
+        parts.append(_section(f"Exported config: trial {best.number}",
+                              f"<pre>{html.escape(yaml.safe_dump(shown, sort_keys=False))}</pre>"))
+    else:
+        parts.append(_section("Exported config", "<p>No trial met the SLA: nothing was exported.</p>"))
+    parts.append(_section("Trials", plots))
+    nights = night.nights(engine, study.study_name)
+    if nights:
+        rows = [[f"{n.started_at:%Y-%m-%d %H:%M}", n.decision, _mean(n.incumbent, "output_tokens_per_s_mean"),
+                 _mean(n.candidate, "output_tokens_per_s_mean"), _mean(n.incumbent, "ttft_p99_ms_mean"), n.reason]
+                for n in nights]
+        parts.append(_section("Nightly re-tuning", _table(rows, ["night", "decision", "deployed tok/s",
+                                                                 "candidate tok/s", "deployed TTFT p99 ms", "reason"])))
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:4px 8px}pre{background:#f6f6f6;padding:1em;overflow:auto}")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<title>autotune report: {html.escape(study.study_name)}</title><style>{style}</style>"
+            f"<script>{get_plotlyjs()}</script></head><body><h1>autotune report</h1>{''.join(parts)}</body></html>")
+
+
+def _mean(record: dict | None, key: str) -> str:
+    value = (record or {}).get(key)
+    return "-" if value is None else f"{value:.0f}"
+
+
+def write_pareto_png(study: optuna.Study, scenario: Scenario, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a file
+    from optuna.visualization.matplotlib import plot_pareto_front
+
+    ax = plot_pareto_front(study, target_names=["TTFT p99 ms", throughput_label(scenario)])
+    ax.axvline(scenario.sla.ttft_p99_ms, linestyle="--", color="gray")
+    ax.set_xscale("log")  # trials that miss the SLA can be orders of magnitude slower
+    ax.figure.set_size_inches(8, 5)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    ax.figure.savefig(tmp, dpi=100, bbox_inches="tight")
+    tmp.replace(path)
+
+
+def write_report(study: optuna.Study, engine, path: Path) -> Path:
+    """Write the HTML report and its Pareto PNG (same name, .png); returns the PNG's path."""
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        raise InputError(f"--study {study.study_name}: no completed trial to report on yet")
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    png = path.with_suffix(".png")
+    write_atomic(path, build_html(study, engine))
+    write_pareto_png(study, scenario, png)
+    return png
