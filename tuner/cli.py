@@ -152,7 +152,8 @@ def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | N
 
 
 def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
-    if "--html" in outputs:
+    """The report of a run or a night; none while the study has no measured trial to show."""
+    if "--html" in outputs and p.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         write_report(p.study, p.storage.engine, outputs["--html"])
         out.print(f"report: {outputs['--html']}")
 
@@ -170,8 +171,7 @@ def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) ->
                            _snapshot_rows(snap), snap.best_trial, scenario))
     out.print(f"{len(reports)} trials this run: {counts['feasible']} met the SLA, {counts['violates-sla']} missed it, "
               f"{counts['infeasible']} could not run, {counts['fail']} failed; {len(study.trials)} in the study")
-    if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        write_html(p, outputs)
+    write_html(p, outputs)
     best = best_trial(study, scenario)
     if best is None:
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
@@ -192,7 +192,7 @@ def cli(ctx, trials, timeout_s, export_path, html_path, no_html, **options):
     if ctx.invoked_subcommand is not None:
         return
     outputs = report_outputs(export_path, html_path, no_html)
-    prepared = prepare(trials=trials, export_path=export_path, outputs=outputs, **options)
+    prepared = prepare(trials=trials, outputs=outputs, **options)
     finish(prepared, tune(prepared, trials, timeout_s), outputs)
 
 
@@ -204,7 +204,7 @@ def worker(trials, timeout_s, export_path, html_path, no_html, **options):
     --trials is the total for the study: all workers together run exactly that many.
     """
     outputs = report_outputs(export_path, html_path, no_html)
-    prepared = prepare(trials=trials, export_path=export_path, outputs=outputs, **options)
+    prepared = prepare(trials=trials, outputs=outputs, **options)
     finish(prepared, tune(prepared, trials, timeout_s, study_total=trials), outputs)
 
 
@@ -231,7 +231,7 @@ def nightly_cmd(budget, repeats, min_gain, report_path, promoted_exit, timeout_s
     report_path = report_path or export_path.with_name(export_path.stem + ".nightly.md")
     outputs = report_outputs(export_path, html_path, no_html) | {
         "--report": report_path, "--export's .prev": export_path.with_name(export_path.name + ".prev")}
-    p = prepare(trials=budget, export_path=export_path, baseline_path=None, must_exist=True, outputs=outputs, **options)
+    p = prepare(trials=budget, baseline_path=None, must_exist=True, outputs=outputs, **options)
     engine, name = p.storage.engine, p.study.study_name
     taken = night.acquire_lock(engine, name)
     if taken:

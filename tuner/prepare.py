@@ -62,8 +62,8 @@ def check_context(scenario: Scenario, source: str, runner: Runner) -> None:
 
 
 def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_config, space_path, trials, seed,
-            sampler, storage, study_name, export_path, baseline_path, heartbeat_s, must_exist: bool = False,
-            outputs: dict[str, Path] | None = None) -> Prepared:
+            sampler, storage, study_name, baseline_path, heartbeat_s, outputs: dict[str, Path],
+            must_exist: bool = False) -> Prepared:
     """Validate every input and output before anything is written, then open (or resume) the study."""
     if scenario is None:
         raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
@@ -77,8 +77,7 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
     baseline = None
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
-    check_outputs(outputs or {"--export": export_path},
-                  _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path))
+    check_outputs(outputs, _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path))
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)
     if must_exist and study_name_missing(storage, name):

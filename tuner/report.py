@@ -37,7 +37,7 @@ def _hover(t: FrozenTrial) -> str:
     return "<br>".join(html.escape(str(line)) for line in lines)
 
 
-def pareto_figure(study: optuna.Study, scenario: Scenario, best: FrozenTrial | None) -> go.Figure:
+def pareto_figure(study: optuna.Study, scenario: Scenario, front: list[FrozenTrial], best: FrozenTrial | None) -> go.Figure:
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     fig = go.Figure()
     for feasible, name, marker in ((False, "misses the SLA", dict(color="#bbbbbb", symbol="x")),
@@ -45,7 +45,6 @@ def pareto_figure(study: optuna.Study, scenario: Scenario, best: FrozenTrial | N
         group = [t for t in done if is_feasible(t.constraints) == feasible]
         fig.add_trace(go.Scatter(x=[t.values[0] for t in group], y=[t.values[1] for t in group], mode="markers",
                                  name=name, marker=marker, text=[_hover(t) for t in group], hoverinfo="text"))
-    front = feasible_front(study)
     fig.add_trace(go.Scatter(x=[t.values[0] for t in front], y=[t.values[1] for t in front], mode="lines+markers",
                              name="Pareto front", line=dict(shape="hv", color="#2ca02c")))
     if best is not None:
@@ -133,7 +132,7 @@ def build_html(study: optuna.Study, engine) -> str:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     best = best_trial(study, scenario)
     front = feasible_front(study)
-    figures = [pareto_figure(study, scenario, best), curves_figure(front, scenario), progress_figure(study, scenario),
+    figures = [pareto_figure(study, scenario, front, best), curves_figure(front, scenario), progress_figure(study, scenario),
                *_optuna_figures(study, scenario)]
     plots = "".join(f"<div class='plot'>{f.to_html(full_html=False, include_plotlyjs=False)}</div>"
                     for f in figures if f is not None)

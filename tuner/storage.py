@@ -149,7 +149,7 @@ def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S, must_exist: bool = Fa
 def save_snapshot(
     storage: optuna.storages.RDBStorage,
     study_name: str,
-    front: list[optuna.trial.FrozenTrial],
+    front: list[tuple[optuna.trial.FrozenTrial, dict[str, Any]]],  # each member and the knobs it ran with
     trials_total: int,
     trials_feasible: int,
     best_trial: int | None,
@@ -166,10 +166,10 @@ def save_snapshot(
                     trial_number=t.number,
                     ttft_p99_ms=t.values[0],
                     output_tokens_per_s=t.values[1],
-                    params=json.loads(json.dumps(t.user_attrs.get("knobs", t.params))),  # every knob, as run
+                    params=json.loads(json.dumps(knobs)),
                     metrics=json.loads(json.dumps(t.user_attrs)),
                 )
-                for t in front
+                for t, knobs in front
             ],
         )
         session.add(snapshot)

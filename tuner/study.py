@@ -59,13 +59,12 @@ def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optun
     study = optuna.create_study(
         storage=storage, study_name=name, sampler=sampler, directions=list(DIRECTIONS), load_if_exists=True
     )
-    recorded = study.user_attrs.get("scenario")
-    changed = [key for key in SCENARIO_MEASURES
-               if recorded is not None and recorded.get(key) != scenario.model_dump(mode="json")[key]]
+    recorded, current = study.user_attrs.get("scenario"), scenario.model_dump(mode="json")
+    changed = [key for key in SCENARIO_MEASURES if recorded is not None and recorded.get(key) != current[key]]
     if changed:
         raise InputError(f"--study {name}: its trials were measured under another scenario ({', '.join(changed)} "
                          "changed), so they cannot be compared; give a new --study name")
-    study.set_user_attr("scenario", scenario.model_dump(mode="json"))
+    study.set_user_attr("scenario", current)
     with warnings.catch_warnings():  # experimental in Optuna; optuna-dashboard shows the names
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(objective_names(scenario)))
@@ -221,4 +220,5 @@ def snapshot(study: optuna.Study, scenario: Scenario, storage: optuna.storages.R
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     best = best_trial(study, scenario)
     feasible = sum(1 for t in done if is_feasible(t.constraints))
-    return save_snapshot(storage, study.study_name, front, len(study.trials), feasible, best.number if best else None)
+    members = [(t, trial_knobs(study, t)) for t in front]
+    return save_snapshot(storage, study.study_name, members, len(study.trials), feasible, best.number if best else None)

@@ -31,7 +31,6 @@ from runners.workload import Requests
 Policy = Literal["prefill-first", "select-batch", "chunked", "whole-prefill"]
 
 
-
 @dataclass(frozen=True)
 class Scheduler:
     policy: Policy
