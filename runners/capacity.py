@@ -32,7 +32,7 @@ from runners.measurement import Fault, Measurement, summarize
 CAPACITY_RAMP = 2.0  # rate factor per bracketing step
 
 # The per-step figures kept in the trial, so a latency-throughput curve can be drawn.
-STEP_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms", "output_tokens_per_s", "requests_per_s", "ttft_samples")
+STEP_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "output_tokens_per_s", "requests_per_s", "ttft_samples")
 
 
 @dataclass

@@ -161,7 +161,10 @@ class ServedRunner:
 
     # -- the Runner interface -------------------------------------------------------------
     def identity(self) -> dict[str, str]:
-        return {"runner": self.name, "engine": self.engine, "model": self.model_name(), "hardware": self.hardware}
+        identity = {"runner": self.name, "engine": self.engine, "model": self.model_name(), "hardware": self.hardware}
+        if self.settings.model is not None:  # where `autotune calibrate` finds the model's shapes
+            identity["model_path"] = str(self.settings.model.resolve())
+        return identity
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         return []

@@ -24,6 +24,18 @@ def _write_bytes(path: Path, data: bytes) -> str:
     return str(path)
 
 
+def _hardware_with(tmp: Path, figure: str, value: float | None) -> str:
+    """The h100 profile with one figure set to `value` (None: left out)."""
+    from runners.sim.profiles import load_hardware
+
+    data = load_hardware("h100").model_dump(mode="json")
+    if value is None:
+        del data[figure]
+    else:
+        data[figure]["value"] = value
+    return _write(tmp / "hw.yaml", yaml.safe_dump(data))
+
+
 def _fifo(path: Path) -> str:
     os.mkfifo(path)
     return str(path)
@@ -216,7 +228,29 @@ CASES = {
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "llamacpp", "--runner-config", str(tmp / "nope.yaml")],
         "file not found"),
     "sim given an engine command": (lambda tmp, sc: ["--scenario", str(sc), "--engine-cmd", "vllm"], "--engine-cmd"),
-    "sim with an engine it cannot simulate": (lambda tmp, sc: ["--scenario", str(sc), "--engine", "llamacpp"], "--engine"),
+    "sim with an engine it cannot simulate": (lambda tmp, sc: ["--scenario", str(sc), "--engine", "sglang"],
+                                              "the simulator knows: mindie, vllm, llamacpp"),
+    "hardware figure zero": (lambda tmp, sc: ["--scenario", str(sc), "--hardware", _hardware_with(tmp, "bf16_tflops", 0)],
+                             "hw.yaml: bf16_tflops.value: Input should be greater than 0"),
+    "hardware figure negative": (lambda tmp, sc: ["--scenario", str(sc), "--hardware", _hardware_with(tmp, "mbu", -0.5)],
+                                 "hw.yaml: mbu.value: Input should be greater than 0"),
+    "hardware figure missing": (lambda tmp, sc: ["--scenario", str(sc), "--hardware", _hardware_with(tmp, "bandwidth_tbs", None)],
+                                "hw.yaml: bandwidth_tbs: Field required"),
+    "screen on the simulator itself": (
+        lambda tmp, sc: ["--scenario", str(sc), "--screen", "sim", "--screen-hardware", "h100"],
+        "--screen: the study's runner is already the simulator"),
+    "screen hardware without screen": (
+        lambda tmp, sc: ["--scenario", str(sc), "--screen-hardware", "h100"], "--screen-hardware: given without --screen sim"),
+    "unknown screen": (lambda tmp, sc: ["--scenario", str(sc), "--screen", "vidur"], "'--screen'"),
+    "profile-hardware on a device that is not here": (
+        lambda tmp, sc: ["profile-hardware", "--device", "cuda", "-o", "hw.yaml"], "--device cuda: PyTorch sees no CUDA device"),
+    "profile-hardware npu without torch_npu": (
+        lambda tmp, sc: ["profile-hardware", "--device", "npu", "-o", "hw.yaml"], "--device npu needs torch_npu"),
+    "profile-hardware unknown device": (lambda tmp, sc: ["profile-hardware", "--device", "tpu", "-o", "hw.yaml"], "'--device'"),
+    "profile-hardware unknown model": (
+        lambda tmp, sc: ["profile-hardware", "--model", "llama-9000", "-o", "hw.yaml"], "--model"),
+    "profile-hardware output dir missing": (
+        lambda tmp, sc: ["profile-hardware", "-o", f"{tmp}/no/dir/hw.yaml"], "-o: directory"),
     "openai with neither command nor url": (lambda tmp, sc: ["--scenario", str(sc), "--runner", "openai"], "base_url"),
     "mindie installation missing": (
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "mindie", "--runner-config",

@@ -4,6 +4,7 @@ quantization and KV setting, early rejection, and the faults a trial must surviv
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -221,3 +222,44 @@ def test_ctrl_c_stops_the_engine_and_keeps_finished_trials(llama_server, tiny_mo
     states = [t.state for t in study.trials]
     assert states[0] == optuna.trial.TrialState.COMPLETE
     assert states[-1] == optuna.trial.TrialState.FAIL and study.trials[-1].user_attrs["fault_kind"] == "interrupted"
+
+
+def test_screen_sim_runs_only_the_simulators_picks_for_real(llama_server, tiny_model, tmp_path, gguf_cache):
+    """`--screen sim` on a real llama-server: before each real trial the simulator (llama.cpp's
+    slot scheduler, this CPU's measured profile, recalibrated on the real trials so far) runs a
+    round of candidates; the real study holds only real trials, each with its prediction, and
+    the simulated ones are kept in `<study>.screen`."""
+    scenario = engine_scenario()
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
+    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
+        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
+        "batch_size": {"choices": [1, 4, 16]}, "max_prefill_tokens": {"value": 256}, "kv_compression": {"value": 1.0},
+        "quantization": {"choices": ["bf16", "w8a8"]}}}))
+    assert run_autotune("profile-hardware", "--model", str(tiny_model), "-o", "cpu.yaml", cwd=tmp_path,
+                        timeout=240).returncode == 0
+    db = f"sqlite:///{tmp_path / 'studies.db'}"
+    done = run_autotune("--scenario", "scenario.yaml", "--runner", "llamacpp", "--runner-config", "runner.yaml",
+                        "--space", "space.yaml", "--trials", "3", "--storage", db, "--study", "real",
+                        "--screen", "sim", "--screen-hardware", "cpu.yaml", "--screen-trials", "8", cwd=tmp_path,
+                        timeout=900)
+    assert done.returncode == 0, done.stderr
+    real = optuna.load_study(study_name="real", storage=db)
+    assert len(real.trials) == 3
+    knobs = [tuple(sorted(t.user_attrs["knobs"].items())) for t in real.trials]
+    assert len(set(knobs)) == 3, "the screen proposes a config not yet run for real"
+    for number, trial in enumerate(real.trials):
+        assert trial.user_attrs["runner_start_s"] > 0  # an engine really started
+        screen = trial.user_attrs["screen"]
+        assert screen["round"] == number + 1 and screen["simulated_trials"] >= 8
+        assert screen["predicted_ttft_p99_ms"] > 0 and screen["predicted_throughput"] > 0
+        # recalibrated before every round after the first, on every real trial measured so far
+        assert screen["calibrated_on_trials"] == number
+    simulated = optuna.load_study(study_name="real.screen", storage=db)
+    assert simulated.user_attrs["screens"] == "real"
+    assert {t.user_attrs["round"] for t in simulated.trials} == {1, 2, 3}
+    assert "calibrated" in simulated.trials[-1].user_attrs["hardware"]
+    # the commands that read "the" study still find the real one beside its screen
+    front = run_autotune("pareto", "--storage", db, "--json", cwd=tmp_path)
+    assert front.returncode == 0, front.stderr
+    assert json.loads(front.stdout)["study"] == "real"

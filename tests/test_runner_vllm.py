@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sqlite3
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import optuna
 import pytest
 import yaml
 
+from runners.sim.profiles import load_hardware
 from runners.vllm import VLLMRunner
 from runners.workload import make_requests
 from tests.conftest import engine_scenario, run_autotune
@@ -61,8 +63,10 @@ class TestVLLM(RunnerContract):
         assert args.get("enable_chunked_prefill", True) is True
 
 
-def test_four_trial_study_on_real_vllm(vllm_python, tiny_model, tmp_path):
-    """A real study: every trial starts vLLM with its knobs, measures, stops it."""
+@pytest.fixture(scope="module")
+def vllm_study(vllm_python, tiny_model, tmp_path_factory) -> Path:
+    """A real 4-trial study: every trial starts vLLM with its knobs, measures, stops it."""
+    tmp_path = tmp_path_factory.mktemp("vllm-study")
     scenario = engine_scenario()
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
     (tmp_path / "runner.yaml").write_text(yaml.safe_dump(vllm_settings(vllm_python, tiny_model, tmp_path / "logs")))
@@ -74,6 +78,12 @@ def test_four_trial_study_on_real_vllm(vllm_python, tiny_model, tmp_path):
                         "--space", "space.yaml", "--trials", "4", "--storage", f"sqlite:///{db}", "--seed", "3",
                         cwd=tmp_path, timeout=1500)
     assert done.returncode in (0, 3), done.stderr
+    return tmp_path
+
+
+def test_four_trial_study_on_real_vllm(vllm_study: Path):
+    scenario = engine_scenario()
+    db = vllm_study / "studies.db"
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     assert len(study.trials) == 4
     planned = make_requests(scenario.workload)
@@ -92,6 +102,24 @@ def test_four_trial_study_on_real_vllm(vllm_python, tiny_model, tmp_path):
         assert attrs["runner_start_s"] > 0 and attrs["runner_stop_s"] >= 0
     with sqlite3.connect(db) as con:
         assert con.execute("select count(*) from autotune_pareto_snapshots").fetchone()[0] == 1
+
+
+def test_calibrate_on_real_vllm_trials(vllm_study: Path, tiny_model: Path):
+    """`profile-hardware` on this CPU, then `calibrate` on the study's real vLLM trials: the
+    simulator with vLLM's scheduler gets closer to what vLLM measured, and says by how much."""
+    assert run_autotune("profile-hardware", "--model", str(tiny_model), "-o", "cpu.yaml", cwd=vllm_study,
+                        timeout=240).returncode == 0
+    done = run_autotune("calibrate", "--storage", "sqlite:///studies.db", "--hardware", "cpu.yaml",
+                        "--iterations", "30", "-o", "calibrated.yaml", cwd=vllm_study, timeout=600)
+    assert done.returncode == 0, done.stderr
+    before, after = map(float, re.search(r"mean \|log error\| ([\d.]+) -> ([\d.]+)", done.stdout).groups())
+    assert after < before
+    for metric in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s"):
+        assert metric in done.stdout
+    calibrated = load_hardware(str(vllm_study / "calibrated.yaml"))
+    assert calibrated.decode_step_overhead_ms.source == "measured"
+    assert "calibrated" in calibrated.decode_step_overhead_ms.note and "calibrated" in calibrated.description
+    assert calibrated.bandwidth_tbs == load_hardware(str(vllm_study / "cpu.yaml")).bandwidth_tbs  # a device figure
 
 
 def test_online_quantization_loads_the_bf16_model_with_the_method(tiny_model, tmp_path):

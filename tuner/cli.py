@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 import optuna
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -22,19 +21,19 @@ from objectives.userfile import InputError
 from runners.base import RUNNERS
 from tuner import __version__
 from tuner import nightly as night
+from tuner.console import err, out
 from tuner.export import build_export, load_export, write_export
 from tuner.outputs import write_atomic
 from tuner.prepare import Prepared, check_outputs, prepare, report_outputs
 from tuner.report import write_report
 from tuner.samplers import SAMPLERS
-from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, open_storage, sqlite_file
+from tuner.screen import SCREENS
+from tuner.sim_commands import calibrate_cmd, profile_hardware_cmd
+from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S, latest_snapshot, load_study, open_storage, sqlite_file
 from tuner.study import StudyRun, TrialReport, best_trial, optimize, snapshot, trial_knobs
 
 EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was exported
 
-# Piped output (logs, CI) gets a wide table instead of rich's 80-column default.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def _interrupt_on_sigterm() -> None:
@@ -101,7 +100,7 @@ def _progress_text(reports: list[TrialReport]) -> str:
 TUNE_OPTIONS = {
     "scenario": click.option("--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML"),
     "runner": click.option("--runner", "runner_name", default="sim", show_default=True, help=f"one of: {', '.join(RUNNERS)}"),
-    "engine": click.option("--engine", default="mindie", show_default=True, help="sim only: whose knobs to simulate, mindie or vllm"),
+    "engine": click.option("--engine", default="mindie", show_default=True, help="sim only: whose scheduler and knobs to simulate: mindie, vllm or llamacpp"),
     "model": click.option("--model", help="sim: built-in model (default qwen2-7b); engines: a HF model directory"),
     "hardware": click.option("--hardware", help="sim: hardware profile or YAML (default ascend-910b2); engines: a label (default: host name)"),
     "engine_cmd": click.option("--engine-cmd", help="the engine's executable (vllm, llama-server, ...) or the Python of vLLM's venv"),
@@ -118,6 +117,11 @@ TUNE_OPTIONS = {
     "html": click.option("--html", "html_path", type=click.Path(path_type=Path),
                          help="HTML report and its Pareto PNG (default: beside --export, NAME.report.html)"),
     "no_html": click.option("--no-html", is_flag=True, help="write no HTML report"),
+    "screen": click.option("--screen", type=click.Choice(SCREENS),
+                           help="real runners: let the simulator screen candidates; only the most promising run for real"),
+    "screen_hardware": click.option("--screen-hardware", help="with --screen: the hardware profile to simulate with (recalibrated as real trials arrive)"),
+    "screen_trials": click.option("--screen-trials", type=click.IntRange(min=1), default=40, show_default=True,
+                                  help="with --screen: simulated candidates per real trial"),
     "heartbeat": click.option("--heartbeat", "heartbeat_s", type=click.IntRange(min=1), default=HEARTBEAT_S, show_default=True,
                  help="seconds between a running trial's heartbeats; 3 missed ones fail it as stale"),
 }
@@ -138,7 +142,7 @@ def nightly_options(f):
 def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None) -> list[TrialReport]:
     for note in p.space.notes:
         err.print(f"[dim]note: {note}[/dim]")
-    run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage)
+    run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage, screen=p.screen)
     err.print(f"study [bold]{p.study.study_name}[/bold]: {len(p.study.trials)} earlier trials")
     columns = (TextColumn("trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=err, transient=False) as progress:
@@ -287,18 +291,6 @@ def history(storage, study_name):
     out.print(table)
 
 
-def _load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
-    rdb = open_storage(storage, must_exist=True)
-    names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]
-    if study_name is None:
-        if len(names) != 1:
-            raise InputError(f"--study: give one of: {', '.join(names) or '(no study in this storage)'}")
-        study_name = names[0]
-    if study_name not in names:
-        raise InputError(f"--study: no study {study_name!r} in {storage}; studies: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=study_name, storage=rdb), rdb
-
-
 @cli.command()
 def scenarios():
     """List the scenario presets."""
@@ -319,7 +311,7 @@ def scenarios():
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def pareto(storage, study_name, as_json):
     """Print the latest SLA-feasible Pareto front of a study."""
-    study, rdb = _load_study(storage, study_name)
+    study, rdb = load_study(storage, study_name)
     snap = latest_snapshot(rdb, study.study_name)
     if snap is None:
         raise InputError(f"--study: {study.study_name} has no Pareto snapshot yet (run a study first)")
@@ -341,7 +333,7 @@ def pareto(storage, study_name, as_json):
 def report_cmd(storage, study_name, output_path):
     """Write a self-contained HTML report of a study (and a PNG of its Pareto plot)."""
     check_outputs({"-o": output_path, "-o's .png": output_path.with_suffix(".png")}, {"--storage": sqlite_file(storage)})
-    study, rdb = _load_study(storage, study_name)
+    study, rdb = load_study(storage, study_name)
     png = write_report(study, rdb.engine, output_path)
     out.print(f"report: {output_path} (Pareto plot: {png})")
 
@@ -354,7 +346,7 @@ def report_cmd(storage, study_name, output_path):
 def export_cmd(storage, study_name, trial_number, export_path):
     """Write the YAML of a trial (default: the best SLA-feasible one)."""
     check_outputs({"--export": export_path}, {"--storage": sqlite_file(storage)})
-    study, _ = _load_study(storage, study_name)
+    study, _ = load_study(storage, study_name)
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     if trial_number is None:
         trial = best_trial(study, scenario)
@@ -367,6 +359,10 @@ def export_cmd(storage, study_name, trial_number, export_path):
         trial = done[trial_number]
     _export_trial(study, trial, export_path)
     out.print(f"trial {trial.number} -> {export_path}")
+
+
+cli.add_command(profile_hardware_cmd)
+cli.add_command(calibrate_cmd)
 
 
 def main() -> None:

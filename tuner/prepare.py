@@ -15,6 +15,7 @@ from search_spaces.space import SearchSpace, parse_config
 from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
 from tuner.samplers import make_sampler
+from tuner.screen import Screen, plan_screen
 from tuner.storage import open_storage, sqlite_file, study_name_missing
 from tuner.study import create_study, default_study_name
 
@@ -32,6 +33,7 @@ class Prepared:
     space: SearchSpace
     study: optuna.Study
     storage: optuna.storages.RDBStorage
+    screen: Screen | None = None
 
 
 def _user_file(value: str | Path | None) -> Path | None:
@@ -63,6 +65,7 @@ def check_context(scenario: Scenario, source: str, runner: Runner) -> None:
 
 def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_config, space_path, trials, seed,
             sampler, storage, study_name, baseline_path, heartbeat_s, outputs: dict[str, Path],
+            screen: str | None = None, screen_hardware: str | None = None, screen_trials: int = 40,
             must_exist: bool = False) -> Prepared:
     """Validate every input and output before anything is written, then open (or resume) the study."""
     if scenario is None:
@@ -77,7 +80,9 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
     baseline = None
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
-    check_outputs(outputs, _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path))
+    check_outputs(outputs, _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path)
+                  | {"--screen-hardware": _user_file(screen_hardware)})
+    screening = plan_screen(screen, screen_hardware, screen_trials, seed, runner, chosen, space)
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)
     if must_exist and study_name_missing(storage, name):
@@ -89,7 +94,9 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
     if baseline is not None:
         dists = space.distributions()
         study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
-    return Prepared(chosen, runner, space, study, rdb)
+    if screening is not None:
+        screening.attach(rdb, name)
+    return Prepared(chosen, runner, space, study, rdb, screening)
 
 
 def report_outputs(export_path: Path, html_path: Path | None, no_html: bool) -> dict[str, Path]:

@@ -239,3 +239,18 @@ class NightlyLock(Base):
     holder: Mapped[str] = mapped_column(String(256))  # host:pid
     acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+def load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
+    """An existing study by name (or the only one in the storage), for the commands that read one."""
+    rdb = open_storage(storage, must_exist=True)
+    summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
+    names = [s.study_name for s in summaries]
+    if study_name is None:  # the simulated trials a `--screen` run keeps beside a study are not a choice
+        tuned = [s.study_name for s in summaries if "screens" not in s.user_attrs]
+        if len(tuned) != 1:
+            raise InputError(f"--study: give one of: {', '.join(tuned) or '(no study in this storage)'}")
+        study_name = tuned[0]
+    if study_name not in names:
+        raise InputError(f"--study: no study {study_name!r} in {storage}; studies: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=study_name, storage=rdb), rdb

@@ -19,6 +19,7 @@ from objectives.scoring import (DIRECTIONS, constraint_values, is_feasible, obje
                                 pick_best)
 from runners.base import Runner
 from runners.capacity import evaluate
+from runners.sim.calibration import METRICS, Observation
 from runners.measurement import Fault
 from search_spaces.space import SearchSpace
 from objectives.userfile import InputError
@@ -50,8 +51,9 @@ class StudyRun:
     scenario: Scenario
     space: SearchSpace
     runner: Runner
-    storage: optuna.storages.RDBStorage
+    storage: optuna.storages.RDBStorage | None
     reports: list[TrialReport] = field(default_factory=list)
+    screen: Any = None  # tuner.screen.Screen: the simulator proposes each trial's config
 
 
 def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler,
@@ -180,6 +182,8 @@ def optimize(run: StudyRun, trials: int, timeout_s: float | None,
     while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
         optuna.storages.fail_stale_trials(run.study)
         if claim_trial(run.storage, run.study.study_name, study_total):
+            if run.screen is not None:
+                run.screen.propose(run.study)
             trial = run.study.ask()
             trial.set_user_attr("worker", WORKER)
             with heartbeat(run.storage, trial):
@@ -201,6 +205,21 @@ def trial_knobs(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
     if "knobs" in trial.user_attrs:
         return dict(trial.user_attrs["knobs"])
     return study.user_attrs.get("fixed_knobs", {}) | trial.params
+
+
+def study_observations(study: optuna.Study) -> list[Observation]:
+    """Every load a real engine served in the study that ran whole: each step of a capacity
+    search (steps stopped early are left out: their figures are partial), or the fixed load."""
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    observations = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = trial.user_attrs
+        steps = attrs.get("capacity_steps") or [{"rate": scenario.nominal_rate, **{k: attrs.get(k) for k in METRICS}}]
+        for step in steps:
+            measured = {k: float(step[k]) for k in METRICS if step.get(k) is not None and step[k] > 0}
+            if "fault" not in step and measured:
+                observations.append(Observation(trial.number, trial_knobs(study, trial), float(step["rate"]), measured))
+    return observations
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:

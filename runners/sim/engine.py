@@ -46,6 +46,8 @@ class Simulation:
                  ttft_bound_s: float | None = None):
         self.cost, self.sched, self.bs = cost, scheduler, block_tokens
         # Early rejection as the load generator does it: stop once the TTFT p99 bound is certainly broken.
+        latency = cost.hardware.request_latency_ms
+        self.latency_s = latency.value / 1000 if latency is not None else 0.0
         self.ttft_bound_s = ttft_bound_s
         self.breaking = p99_breaking_count(len(requests))
         self.late = 0
@@ -143,7 +145,7 @@ class Simulation:
         """Request i finished its prefill at self.t and produced a token."""
         if math.isnan(self.first[i]):
             self.first[i] = self.t
-            if self.ttft_bound_s is not None and self.t - self.send[i] > self.ttft_bound_s:
+            if self.ttft_bound_s is not None and self.t + self.latency_s - self.send[i] > self.ttft_bound_s:
                 self.late += 1
         self.remaining[i] -= 1
         if self.remaining[i] == 0:
@@ -314,10 +316,10 @@ class Simulation:
     def _measurement(self, early_rejected: bool = False) -> Measurement:
         """The requests sent so far; stopped early, the unfinished ones count as not successful."""
         sent = self.next_arrival
-        finish = np.array(self.finish[:sent])
+        finish = np.array(self.finish[:sent]) + self.latency_s
         m = Measurement(
             send_s=np.array(self.send[:sent]),
-            first_token_s=np.array(self.first[:sent]),
+            first_token_s=np.array(self.first[:sent]) + self.latency_s,
             finish_s=finish,
             input_tokens=self.input[:sent],
             output_tokens=np.array(self.output[:sent]),

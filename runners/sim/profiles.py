@@ -114,6 +114,9 @@ class HardwareProfile(BaseModel):
     decode_step_overhead_ms: Figure  # fixed cost of a step: scheduling, launches, sampling
     prefill_step_overhead_ms: Figure  # extra fixed cost of a step that runs prefill
     per_sequence_overhead_ms: Figure  # per sequence in a step: metadata, sampling, detokenising
+    # What a client waits beside the engine's steps (HTTP, tokenising, the API server's queue):
+    # added to every request's first token and end, never occupying the engine.
+    request_latency_ms: Figure | None = None
     kv_block_tokens: int = Field(128, ge=1)
 
 

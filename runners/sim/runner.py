@@ -10,12 +10,12 @@ from runners.base import FailedSession, Session, run_once
 from runners.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
 from runners.sim.engine import Scheduler, Simulation
-from runners.sim.profiles import load_hardware, load_model
+from runners.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
 from runners.workload import make_requests
 from search_spaces.space import SearchSpace
 from objectives.userfile import InputError
 
-SIM_ENGINES = ("mindie", "vllm")  # the schedulers the simulator reproduces
+SIM_ENGINES = ("mindie", "vllm", "llamacpp")  # the schedulers the simulator reproduces
 DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
     "batch_size": 200,
     "select_batch": "prefill-first",
@@ -31,12 +31,12 @@ DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
 class SimRunner:
     name = "sim"
 
-    def __init__(self, engine: str = "mindie", model: str = "qwen2-7b", hardware: str = "ascend-910b2"):
+    def __init__(self, engine: str = "mindie", model: str | ModelProfile = "qwen2-7b", hardware: str | HardwareProfile = "ascend-910b2"):
         if engine not in SIM_ENGINES:
             raise InputError(f"--engine: unknown engine {engine!r}; the simulator knows: {', '.join(SIM_ENGINES)}")
         self.engine = engine
-        self.model = load_model(model)
-        self.hardware = load_hardware(hardware)
+        self.model = model if isinstance(model, ModelProfile) else load_model(model)
+        self.hardware = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
 
     def identity(self) -> dict[str, str]:
         return {"runner": self.name, "engine": self.engine, "model": self.model.name, "hardware": self.hardware.name}
@@ -58,6 +58,10 @@ class SimRunner:
         if self.engine == "vllm":
             policy = "chunked" if decode_first else "whole-prefill"  # vLLM V1: running requests first
             prefill_batch = config["batch_size"]
+        elif self.engine == "llamacpp":
+            # llama-server's slots: every generating slot's next token first, then prompt tokens of
+            # the slots still reading theirs fill the rest of the batch (-b).
+            policy, prefill_batch = "chunked", config["batch_size"]
         else:
             policy = "select-batch" if decode_first else "prefill-first"
             prefill_batch = config["max_prefill_batch_size"]

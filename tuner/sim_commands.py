@@ -1,0 +1,132 @@
+"""`autotune profile-hardware` and `autotune calibrate`: the simulator's figures, measured."""
+
+from __future__ import annotations
+
+import math
+from datetime import date
+from pathlib import Path
+
+import click
+import optuna
+import yaml
+from rich.table import Table
+
+from objectives.scenario import Scenario
+from objectives.userfile import InputError
+from runners.sim.calibration import METRICS, error_summary, error_table, fit
+from runners.sim.profiles import HardwareProfile, hardware_names, load_hardware, load_model
+from runners.sim.profiling import DEVICES, profile_hardware
+from runners.sim.runner import SIM_ENGINES, SimRunner
+from tuner.console import out
+from tuner.outputs import write_atomic
+from tuner.prepare import check_outputs
+from tuner.storage import DEFAULT_STORAGE, load_study, sqlite_file
+from tuner.study import study_observations
+
+# The profile whose engine-side figures (memory share, runtime reserve, prefill overhead) a
+# measured profile starts from, per device.
+BASE_PROFILE = {"cpu": "h100", "cuda": "h100", "npu": "ascend-910b2"}
+
+
+def write_profile(path: Path, profile: HardwareProfile, header: str) -> None:
+    body = yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=200)
+    write_atomic(path, f"# {header}\n{body}")
+
+
+@click.command("profile-hardware")
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True)
+@click.option("--model", default="qwen2-7b", show_default=True, help="built-in model or a HF model directory: its shapes are measured")
+@click.option("--base", help="profile whose engine figures are kept (default: h100 for cpu/cuda, ascend-910b2 for npu)")
+@click.option("--name", help="the profile's name (default: the output file's name)")
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), required=True, help="the hardware YAML to write")
+def profile_hardware_cmd(device, model, base, name, output_path):
+    """Measure this machine's accelerator with PyTorch and write a hardware profile for the simulator."""
+    check_outputs({"-o": output_path}, {"--base": Path(base) if base and Path(base).exists() else None})
+    shapes = load_model(model)
+    base_profile = load_hardware(base or BASE_PROFILE[device])
+    profile = profile_hardware(device, shapes, base_profile, name or output_path.stem, progress=out.print)
+    write_profile(output_path, profile, f"measured by `autotune profile-hardware --device {device}` at {shapes.name}'s shapes")
+    table = Table(title=f"{profile.name}: {profile.description}")
+    for column in ("figure", "value", "source", "how"):
+        table.add_column(column)
+    for key, figure in profile:
+        if hasattr(figure, "source"):
+            table.add_row(key, f"{figure.value:.4g}", figure.source, figure.note.split(";")[0])
+    out.print(table)
+    out.print(f"profile: {output_path} (use it with --hardware {output_path})")
+
+
+def _summary_table(title: str, before: list[dict], after: list[dict]) -> Table:
+    table = Table(title=title)
+    for column in ("metric", "median |error| before", "after", "worst before", "worst after", "n"):
+        table.add_column(column, justify="right")
+    b, a = error_summary(before), error_summary(after)
+    pct = lambda x: "inf" if math.isinf(x) else f"{x:.1f}%"  # noqa: E731
+    for key in METRICS:
+        if key in a:
+            table.add_row(key, pct(b[key][0]), pct(a[key][0]), pct(b[key][1]), pct(a[key][1]), str(a[key][2]))
+    return table
+
+
+def _trial_table(rows: list[dict]) -> Table:
+    table = Table(title="per load: simulated / measured (error)")
+    for column in ("trial", "rate", *METRICS):
+        table.add_column(column, justify="right")
+    loads: dict[tuple, dict] = {}
+    for r in rows:
+        cell = "failed" if r["simulated"] is None else f"{r['simulated']:.3g} / {r['measured']:.3g} ({r['error_pct']:+.0f}%)"
+        loads.setdefault((r["trial"], r["rate"]), {})[r["metric"]] = cell
+    for (trial, rate), cells in loads.items():
+        table.add_row(str(trial), f"{rate:.3g}", *(cells.get(key, "-") for key in METRICS))
+    return table
+
+
+@click.command("calibrate")
+@click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="SQLAlchemy URL of the study storage")
+@click.option("--study", "study_name", help="a study of real trials (default: the only study)")
+@click.option("--hardware", help="the profile to start from (default: the study's hardware, when it names a profile)")
+@click.option("--model", help="built-in model or HF model directory (default: the study's)")
+@click.option("--engine", help=f"whose scheduler to simulate (default: the study's): {', '.join(SIM_ENGINES)}")
+@click.option("--iterations", type=click.IntRange(min=1), default=150, show_default=True, help="simulated fits to try")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), required=True, help="the calibrated hardware YAML")
+def calibrate_cmd(storage, study_name, hardware, model, engine, iterations, seed, output_path):
+    """Fit the simulator's overheads and efficiencies to a study's real trials."""
+    check_outputs({"-o": output_path}, {"--storage": sqlite_file(storage),
+                                        "--hardware": Path(hardware) if hardware and Path(hardware).exists() else None})
+    study, _ = load_study(storage, study_name)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the fit's own trials are not news
+    identity = study.user_attrs.get("identity", {})
+    if identity.get("runner") == "sim" or "screens" in study.user_attrs:
+        raise InputError(f"--study {study.study_name}: its trials are simulated; calibrate needs a study of real "
+                         "trials (--runner vllm, llamacpp, mindie or openai)")
+    engine = engine or identity.get("engine")
+    if engine not in SIM_ENGINES:
+        raise InputError(f"--engine: the simulator has no scheduler model for {engine!r}; it models {', '.join(SIM_ENGINES)}")
+    hardware = hardware or (identity.get("hardware") if identity.get("hardware") in hardware_names() else None)
+    if hardware is None:
+        raise InputError("--hardware: give the profile to start from: one `autotune profile-hardware` wrote for this "
+                         f"machine, or a preset ({', '.join(hardware_names())})")
+    base = load_hardware(hardware)
+    model = model or identity.get("model_path") or identity.get("model")
+    shapes = load_model(model)
+    observations = study_observations(study)
+    if not observations:
+        raise InputError(f"--study {study.study_name}: no real trial with a whole measured load to calibrate from")
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    trials = len({o.trial for o in observations})
+    out.print(f"calibrating {base.name} on {len(observations)} loads of {trials} trials ({engine} scheduler, {shapes.name})")
+    make_runner = lambda profile: SimRunner(engine, shapes, profile)  # noqa: E731
+    note = f"calibrated {date.today().isoformat()} on {study.study_name} ({len(observations)} loads of {trials} trials)"
+    with out.status("fitting") as status:
+        calibrated, loss_before, loss_after = fit(
+            observations, scenario, base, make_runner, iterations, note, seed,
+            progress=lambda done, best: status.update(f"fitting: {done}/{iterations}, mean |log error| {best:.3f}"))
+    before = error_table(observations, scenario, make_runner(base))
+    after = error_table(observations, scenario, make_runner(calibrated))
+    out.print(_trial_table(after))
+    out.print(_summary_table(f"{base.name} -> calibrated (mean |log error| {loss_before:.3f} -> {loss_after:.3f})",
+                             before, after))
+    calibrated = calibrated.model_copy(update={"name": output_path.stem, "description": f"{base.description}; {note}"})
+    write_profile(output_path, calibrated, f"`autotune calibrate` of {base.name} on study {study.study_name}")
+    out.print(f"profile: {output_path} (use it with --hardware {output_path})")
