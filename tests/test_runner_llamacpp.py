@@ -260,6 +260,9 @@ def test_screen_sim_runs_only_the_simulators_picks_for_real(llama_server, tiny_m
     assert {t.user_attrs["round"] for t in simulated.trials} == {1, 2, 3}
     assert "calibrated" in simulated.trials[-1].user_attrs["hardware"]
     # the commands that read "the" study still find the real one beside its screen
+    # the report sets the simulator's predictions beside what the real trials measured
+    report = (tmp_path / "best-config.report.html").read_text()
+    assert "The simulator's predictions against the real trials it picked" in report
     front = run_autotune("pareto", "--storage", db, "--json", cwd=tmp_path)
     assert front.returncode == 0, front.stderr
     assert json.loads(front.stdout)["study"] == "real"

@@ -76,6 +76,24 @@ def curves_figure(front: list[FrozenTrial], scenario: Scenario) -> go.Figure | N
     return fig
 
 
+def screen_figure(study: optuna.Study, scenario: Scenario) -> go.Figure | None:
+    """How well the simulator's picks (`--screen sim`) held up when measured for real."""
+    screened = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "screen" in t.user_attrs]
+    if not screened:
+        return None
+    predicted = [t.user_attrs["screen"]["predicted_throughput"] for t in screened]
+    measured = [t.values[1] for t in screened]
+    text = [f"trial {t.number} (round {t.user_attrs['screen']['round']}): TTFT p99 predicted "
+            f"{t.user_attrs['screen']['predicted_ttft_p99_ms']:.0f} ms, measured {t.values[0]:.0f} ms" for t in screened]
+    fig = go.Figure(go.Scatter(x=predicted, y=measured, mode="markers", text=text, hoverinfo="text+x+y",
+                               name="real trials"))
+    top = max(predicted + measured)
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", line_dash="dot", name="prediction = measurement"))
+    fig.update_layout(title="The simulator's predictions against the real trials it picked (--screen sim)",
+                      xaxis_title=f"predicted {throughput_label(scenario)}", yaxis_title=f"measured {throughput_label(scenario)}")
+    return fig
+
+
 def progress_figure(study: optuna.Study, scenario: Scenario) -> go.Figure:
     numbers, best, so_far = [], [], None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -133,7 +151,7 @@ def build_html(study: optuna.Study, engine) -> str:
     best = best_trial(study, scenario)
     front = feasible_front(study)
     figures = [pareto_figure(study, scenario, front, best), curves_figure(front, scenario), progress_figure(study, scenario),
-               *_optuna_figures(study, scenario)]
+               screen_figure(study, scenario), *_optuna_figures(study, scenario)]
     plots = "".join(f"<div class='plot'>{f.to_html(full_html=False, include_plotlyjs=False)}</div>"
                     for f in figures if f is not None)
     trials = study.get_trials(deepcopy=False)
