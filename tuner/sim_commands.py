@@ -19,7 +19,7 @@ from runners.sim.profiling import DEVICES, profile_hardware
 from runners.sim.runner import SIM_ENGINES, SimRunner
 from tuner.console import out
 from tuner.outputs import write_atomic
-from tuner.prepare import check_outputs
+from tuner.prepare import check_outputs, user_file
 from tuner.storage import DEFAULT_STORAGE, load_study, sqlite_file
 from tuner.study import study_observations
 
@@ -41,7 +41,7 @@ def write_profile(path: Path, profile: HardwareProfile, header: str) -> None:
 @click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), required=True, help="the hardware YAML to write")
 def profile_hardware_cmd(device, model, base, name, output_path):
     """Measure this machine's accelerator with PyTorch and write a hardware profile for the simulator."""
-    check_outputs({"-o": output_path}, {"--base": Path(base) if base and Path(base).exists() else None})
+    check_outputs({"-o": output_path}, {"--base": user_file(base)})
     shapes = load_model(model)
     base_profile = load_hardware(base or BASE_PROFILE[device])
     profile = profile_hardware(device, shapes, base_profile, name or output_path.stem, progress=out.print)
@@ -93,7 +93,7 @@ def _trial_table(rows: list[dict]) -> Table:
 def calibrate_cmd(storage, study_name, hardware, model, engine, iterations, seed, output_path):
     """Fit the simulator's overheads and efficiencies to a study's real trials."""
     check_outputs({"-o": output_path}, {"--storage": sqlite_file(storage),
-                                        "--hardware": Path(hardware) if hardware and Path(hardware).exists() else None})
+                                        "--hardware": user_file(hardware)})
     study, _ = load_study(storage, study_name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the fit's own trials are not news
     identity = study.user_attrs.get("identity", {})

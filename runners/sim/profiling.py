@@ -99,14 +99,11 @@ def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int,
     torch = bench.torch
     weights = [bench.tensor((k, n), dtype) for k, n in _layer_shapes(model)]
     rows: list[tuple[int, float]] = []
+    # _int_mm wants at least 17 rows on some backends: short int8 inputs are padded and timed so.
+    matmul, min_rows = (torch._int_mm, 32) if dtype == torch.int8 else (torch.matmul, 1)
     for tokens in TOKEN_LADDER:
-        inputs = [bench.tensor((tokens, k), dtype) for k, _ in _layer_shapes(model)]
-        if dtype == torch.int8:
-            # _int_mm wants at least 17 rows on some backends: pad and time the padded call.
-            inputs = [bench.tensor((max(tokens, 32), k), dtype) for k, _ in _layer_shapes(model)]
-            run = lambda: [torch._int_mm(x, w) for x, w in zip(inputs, weights)]  # noqa: E731
-        else:
-            run = lambda: [x @ w for x, w in zip(inputs, weights)]  # noqa: E731
+        inputs = [bench.tensor((max(tokens, min_rows), k), dtype) for k, _ in _layer_shapes(model)]
+        run = lambda: [matmul(x, w) for x, w in zip(inputs, weights)]  # noqa: E731
         seconds = bench.seconds(run)
         rows.append((tokens, seconds))
         bench.progress(f"  {str(dtype).removeprefix('torch.')} matmuls, {tokens} tokens: {seconds * 1e3:.2f} ms")
