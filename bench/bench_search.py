@@ -16,6 +16,11 @@ that cannot run, COMPLETE with the SLA as the trial's constraints otherwise. The
 baseline of msserviceprofiler's optimizer: 10 particles x 5 iterations, one scalar fitness
 (capacity when the SLA holds, minus the violation otherwise).
 
+With --product-seeds N, a last row per preset ("product") checks that the table stands for the
+product: a real-engine study's default sampler in the product's own space (raw knob ranges, not
+grid indices) and loop (each trial a capacity search on the live simulator standing in for the
+engine), against the same grid's best.
+
 Printed per preset and sampler: median trials to reach 95% of the grid's best SLA-feasible
 capacity (counted up to --horizon trials; ">N" when most seeds never do), the share of seeds
 that reach it within the budget (--trials, 50),
@@ -31,7 +36,9 @@ import itertools
 import json
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -48,8 +55,9 @@ from objectives.scoring import DIRECTIONS, constraint_values, is_feasible, objec
 from runners.capacity import evaluate  # noqa: E402
 from runners.sim.runner import SimRunner  # noqa: E402
 from search_spaces.space import SearchSpace  # noqa: E402
-from tuner.samplers import make_sampler  # noqa: E402
-from tuner.study import record_constraints  # noqa: E402
+from tuner.samplers import describe, make_sampler, resolve  # noqa: E402
+from tuner.storage import open_storage  # noqa: E402
+from tuner.study import StudyRun, create_study, optimize, record_constraints  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache"
 NUMERIC = ("batch_size", "max_prefill_tokens", "max_prefill_batch_size")
@@ -149,11 +157,13 @@ class Table:
 
 
 def run_optuna(table: Table, sampler_name: str, seed: int, trials: int) -> list:
-    """`default` is what `autotune` uses (tuner/samplers.py); `tpe` is Optuna's TPE as it comes."""
-    if sampler_name == "tpe":
+    """`default` is what `autotune` uses here on a real engine (`auto`: GP where PyTorch and SciPy
+    are installed, else `tpe`, the product's TPE): the table stands for real trials, where their
+    count is the cost. `optuna-tpe` is Optuna's TPE as it comes."""
+    if sampler_name == "optuna-tpe":
         sampler = optuna.samplers.TPESampler(seed=seed)
     else:
-        sampler = make_sampler("tpe" if sampler_name == "default" else sampler_name, seed, _space(table.scenario), trials)
+        sampler = make_sampler("auto" if sampler_name == "default" else sampler_name, seed, _space(table.scenario), trials)
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
     outcomes = []
     for _ in range(trials):
@@ -165,6 +175,22 @@ def run_optuna(table: Table, sampler_name: str, seed: int, trials: int) -> list:
             record_constraints(trial, result[2])
             study.tell(trial, result[:2])
         outcomes.append(result)
+    return outcomes
+
+
+def run_product(table: Table, seed: int, trials: int) -> list:
+    """The product's own loop rather than the table: a real-engine study's default sampler over
+    the knobs' own ranges (batch size 1..256 on a log scale, not powers of two), each trial a
+    capacity search on the live simulator standing in for the engine."""
+    scenario, runner = table.scenario, SimRunner()
+    space = _space(scenario)
+    with tempfile.TemporaryDirectory() as folder:
+        storage = open_storage(f"sqlite:///{folder}/studies.db")
+        study = create_study(storage, "product", make_sampler("auto", seed, space, trials), scenario, runner.identity())
+        optimize(StudyRun(study, scenario, space, runner, storage), trials, None)
+        outcomes = [[t.values[0], t.values[1], t.user_attrs["sla_constraints"]] if t.state == TrialState.COMPLETE
+                    else None for t in study.trials]
+        storage.engine.dispose()
     return outcomes
 
 
@@ -210,28 +236,35 @@ def trials_to_target(table: Table, outcomes: list) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="*", default=preset_names())
-    parser.add_argument("--samplers", nargs="*", default=["default", "tpe", "gp", "nsga2", "random", "pso"])
+    parser.add_argument("--samplers", nargs="*", default=["default", "tpe", "optuna-tpe", "nsga2", "random", "pso"])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--horizon", type=int, default=300, help="trials run to count trials-to-target (not gp)")
     parser.add_argument("--jobs", type=int, default=2, help="processes for the grid")
+    parser.add_argument("--product-seeds", type=int, default=0,
+                        help="also run the default sampler this many seeds in the product's own space and loop")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.simplefilter("ignore")  # Optuna's experimental-API notes, once per product-row trial
+    print(f"default sampler here, for real engines: {describe('auto', simulated=False)}")
     print(f"{'preset':18} {'sampler':8} {'median trials to 95%':>21} {'reached <=' + str(args.trials):>12} "
           + " ".join(f"{'HV@' + str(c):>7}" for c in CHECKPOINTS) + f" {'s/seed':>7}")
     for name in args.presets:
         table = Table(name, args.jobs)
         medians = {}
-        for sampler in args.samplers:
+        for sampler in args.samplers + ["product"] * (args.product_seeds > 0):
             started = time.perf_counter()
             needed, hv = [], {c: [] for c in CHECKPOINTS}
             # Trials to the target are counted past the budget where that is cheap, so that a
             # sampler that needs more than `--trials` still gets a number (GP is too slow for it;
             # the swarm's budget is its 10 x 5 by definition).
-            horizon = {"gp": args.trials, "pso": 50}.get(sampler, max(args.trials, args.horizon))
-            for seed in range(args.seeds):
+            slow = sampler in ("gp", "product") or (sampler == "default" and resolve("auto", simulated=False) == "gp")
+            horizon = args.trials if slow else 50 if sampler == "pso" else max(args.trials, args.horizon)
+            for seed in range(args.product_seeds if sampler == "product" else args.seeds):
                 if sampler == "pso":
                     outcomes = run_pso(table, seed, horizon)
+                elif sampler == "product":
+                    outcomes = run_product(table, seed, horizon)
                 else:
                     outcomes = run_optuna(table, sampler, seed, horizon)
                 needed.append(trials_to_target(table, outcomes))
@@ -241,7 +274,7 @@ def main() -> None:
             medians[sampler] = median
             shown = f"{median:.0f}" if median != float("inf") else f">{horizon}"
             reached = sum(n <= args.trials for n in needed) / len(needed)
-            per_seed = (time.perf_counter() - started) / args.seeds
+            per_seed = (time.perf_counter() - started) / len(needed)
             print(f"{name:18} {sampler:8} {shown:>21} {reached:>12.0%} "
                   + " ".join(f"{np.mean(hv[c]):>7.2f}" for c in CHECKPOINTS) + f" {per_seed:>7.1f}", flush=True)
         if "default" in medians and "random" in medians:

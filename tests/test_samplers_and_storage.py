@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 
@@ -10,10 +11,11 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from objectives.scoring import is_feasible
+from objectives.userfile import InputError
 from runners.sim.runner import SimRunner
 from search_spaces.space import SearchSpace
-from tests.conftest import small_scenario
-from tuner.samplers import SAMPLERS, make_sampler
+from tests.conftest import run_autotune, small_scenario
+from tuner.samplers import SAMPLERS, describe, make_sampler
 from tuner.storage import latest_snapshot, open_storage
 from tuner.study import StudyRun, create_study, optimize, snapshot
 
@@ -74,3 +76,25 @@ def test_postgres_storage_keeps_trials_and_front():
             con.execute(text("delete from autotune_pareto_members where snapshot_id in "
                              "(select id from autotune_pareto_snapshots where study_name = :n)"), {"n": name})
             con.execute(text("delete from autotune_pareto_snapshots where study_name = :n"), {"n": name})
+
+
+def test_auto_is_gp_for_real_engines_where_torch_and_scipy_are_installed(monkeypatch):
+    pytest.importorskip("torch", reason="GPSampler needs the gp extra")
+    space = SearchSpace.load("mindie")
+    assert isinstance(make_sampler("auto", 0, space, 50, simulated=False), optuna.samplers.GPSampler)
+    assert describe("auto", simulated=False).startswith("gp (auto: a real engine's trials are costly")
+    # A simulated trial is cheaper than a GP proposal: TPE, whatever is installed.
+    assert isinstance(make_sampler("auto", 0, space, 50, simulated=True), optuna.samplers.TPESampler)
+    assert describe("auto", simulated=True).startswith("tpe (auto: simulated trials are cheap")
+    monkeypatch.setitem(sys.modules, "torch", None)  # what find_spec meets where torch is not installed
+    assert isinstance(make_sampler("auto", 0, space, 50, simulated=False), optuna.samplers.TPESampler)
+    assert describe("auto", simulated=False) == (
+        "tpe (auto: no torch; pip install 'autotune[gp]' for gp, which needs fewer real trials)")
+    with pytest.raises(InputError, match="--sampler gp needs PyTorch and SciPy \\(torch is missing\\)"):
+        make_sampler("gp", 0, space, 50)
+
+
+def test_the_console_says_which_sampler_runs(scenario_file: Path, tmp_path: Path):
+    done = run_autotune("--scenario", str(scenario_file), "--trials", "1", "--no-html", cwd=tmp_path)
+    assert done.returncode in (0, 3), done.stderr  # 3: one random trial may miss the SLA
+    assert "sampler tpe (auto: simulated trials are cheap" in done.stderr

@@ -109,7 +109,9 @@ TUNE_OPTIONS = {
     "trials": click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True),
     "timeout": click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds"),
     "seed": click.option("--seed", type=int, default=0, show_default=True),
-    "sampler": click.option("--sampler", default="tpe", show_default=True, help=f"one of: {', '.join(SAMPLERS)}"),
+    "sampler": click.option("--sampler", default="auto", show_default=True,
+                            help=f"one of: {', '.join(SAMPLERS)} (auto: gp for real engines where PyTorch and "
+                                 "SciPy are installed, tpe otherwise and on the simulator)"),
     "storage": click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="SQLAlchemy URL of the study storage"),
     "study": click.option("--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)"),
     "export": click.option("--export", "export_path", type=click.Path(path_type=Path), default=Path("best-config.yaml"), show_default=True),
@@ -143,7 +145,7 @@ def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | N
     for note in p.space.notes:
         err.print(f"[dim]note: {note}[/dim]")
     run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage, screen=p.screen)
-    err.print(f"study [bold]{p.study.study_name}[/bold]: {len(p.study.trials)} earlier trials")
+    err.print(f"study [bold]{p.study.study_name}[/bold]: {len(p.study.trials)} earlier trials; sampler {p.sampler}")
     columns = (TextColumn("trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task("best feasible: none yet", total=trials)

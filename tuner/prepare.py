@@ -14,7 +14,7 @@ from runners.base import RUNNERS, Runner
 from search_spaces.space import SearchSpace, parse_config
 from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
-from tuner.samplers import make_sampler
+from tuner.samplers import describe, make_sampler
 from tuner.screen import Screen, plan_screen
 from tuner.storage import open_storage, sqlite_file, study_name_missing
 from tuner.study import create_study, default_study_name
@@ -34,6 +34,7 @@ class Prepared:
     study: optuna.Study
     storage: optuna.storages.RDBStorage
     screen: Screen | None = None
+    sampler: str = ""  # which sampler runs, for the console (describe)
 
 
 def user_file(value: str | Path | None) -> Path | None:
@@ -78,7 +79,8 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
     runner.check_inputs()
     check_context(chosen, f"--scenario {scenario}", runner)
     space = runner.adapt(SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload, f"--scenario {scenario}"))
-    optuna_sampler = make_sampler(sampler, seed, space, trials)
+    simulated = runner.name == "sim"
+    optuna_sampler = make_sampler(sampler, seed, space, trials, simulated)
     baseline = None
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
@@ -98,7 +100,7 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
         study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
     if screening is not None:
         screening.attach(rdb, name)
-    return Prepared(chosen, runner, space, study, rdb, screening)
+    return Prepared(chosen, runner, space, study, rdb, screening, describe(sampler, simulated))
 
 
 def report_outputs(export_path: Path, html_path: Path | None, no_html: bool) -> dict[str, Path]:
