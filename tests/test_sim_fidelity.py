@@ -42,8 +42,10 @@ def test_profile_hardware_measures_this_cpu(tiny_model: Path, tmp_path: Path):
         if hasattr(figure, "source"):
             assert figure.source == ("assumed" if key in ENGINE_FIGURES else "measured"), key
     assert profile.memory_gb.value > 0.1 and 0 < profile.mbu.value <= 1.0
-    # A one-token decode step of the tiny model costs its fixed overheads and little more: a
-    # figure in the wrong unit (seconds for ms, bytes for GB) would be 1000x off.
+    # A one-token decode step of the tiny model costs its fixed overheads plus reading its weights:
+    # a figure in the wrong unit (seconds for ms, bytes for GB) would be 1000x off. The weights'
+    # share depends on the CPU's measured one-token matmul efficiency (mbu): under 5x the overheads
+    # on the machine this was written on, 23x on one that measured mbu 0.011, hence 100x.
     scenario = Scenario.model_validate({"name": "t", "sla": {"ttft_p99_ms": 5000}, "load": {"mode": "fixed"},
         "workload": {"num_requests": 20, "arrival": {"kind": "closed", "concurrency": 1},
                      "input_tokens": {"kind": "fixed", "value": 64}, "output_tokens": {"kind": "fixed", "value": 32}}})
@@ -53,7 +55,7 @@ def test_profile_hardware_measures_this_cpu(tiny_model: Path, tmp_path: Path):
     assert m.fault is None and m.ok.all()
     tpot = np.median((m.finish_s - m.first_token_s) / (m.output_tokens - 1))
     floor = (profile.decode_step_overhead_ms.value + profile.per_sequence_overhead_ms.value) / 1000
-    assert floor <= tpot < 5 * floor
+    assert floor <= tpot < 100 * floor
 
 
 def test_profile_hardware_without_torch_says_what_to_install(monkeypatch):
