@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from objectives.scenario import Scenario  # noqa: E402
 from runners.measurement import summarize  # noqa: E402
-from runners.sim.calibration import FREE, METRICS, error_summary, error_table, fit  # noqa: E402
+from runners.sim.calibration import FREE, METRICS, error_rows, error_summary, error_table, fit  # noqa: E402
 from runners.sim.profiles import load_hardware, load_model  # noqa: E402
 from runners.sim.runner import SimRunner  # noqa: E402
 from tests.conftest import engine_scenario  # noqa: E402
@@ -89,14 +89,8 @@ def repeat_rows(test: list, repeat: list) -> list[dict]:
     repeated grid also served (same config, same rate: a capacity search's ramp steps recur,
     its bisection steps mostly do not), its second measurement in the simulator's place."""
     again = {(json.dumps(o.config, sort_keys=True), o.rate): o for o in repeat}
-    rows = []
-    for o in test:
-        twin = again.get((json.dumps(o.config, sort_keys=True), o.rate))
-        for key, real in o.measured.items() if twin is not None else ():
-            other = twin.measured.get(key)
-            rows.append({"trial": o.trial, "rate": o.rate, "metric": key, "simulated": other, "measured": real,
-                         "error_pct": None if other is None else 100.0 * (other - real) / real})
-    return rows
+    twins = [(o, again.get((json.dumps(o.config, sort_keys=True), o.rate))) for o in test]
+    return [row for o, twin in twins if twin is not None for row in error_rows(o, twin.measured)]
 
 
 def real_engine(engine: str, engines: Path, iterations: int, keep: Path | None, repeat_grid: bool) -> None:

@@ -102,17 +102,19 @@ def fit(observations: list[Observation], scenario: Scenario, base: HardwareProfi
     return with_figures(base, study.best_params, note), before, study.best_value
 
 
+def error_rows(observation: Observation, predicted: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Per measured metric of one observation: the prediction, the measurement and the signed % error."""
+    rows = []
+    for key, real in observation.measured.items():
+        guess = predicted.get(key)
+        rows.append({"trial": observation.trial, "rate": observation.rate, "metric": key, "simulated": guess,
+                     "measured": real, "error_pct": None if guess is None else 100.0 * (guess - real) / real})
+    return rows
+
+
 def error_table(observations: list[Observation], scenario: Scenario, runner) -> list[dict[str, Any]]:
     """Per observation and metric: simulated, measured and the signed % error."""
-    rows = []
-    for o in observations:
-        simulated = simulate(runner, scenario, o)
-        for key, real in o.measured.items():
-            sim = simulated.get(key)
-            error = None if sim is None else 100.0 * (sim - real) / real
-            rows.append({"trial": o.trial, "rate": o.rate, "metric": key, "simulated": sim, "measured": real,
-                         "error_pct": error})
-    return rows
+    return [row for o in observations for row in error_rows(o, simulate(runner, scenario, o))]
 
 
 def error_summary(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float, int]]:
