@@ -37,11 +37,11 @@ def scenario(requests: int, ttft_ms: float, rate: float = 8.0, prompt: tuple[int
     return Scenario.model_validate(data)
 
 
-def run_all(runner: LlamaCppRunner, chosen: Scenario) -> list[tuple[dict, object, float]]:
+def run_all(runner: LlamaCppRunner, chosen: Scenario, stop_early: bool = False) -> list[tuple[dict, object, float]]:
     rows = []
     for config in CONFIGS:
         started = time.perf_counter()
-        m = runner.run(config, chosen.workload, chosen.sla)
+        m = runner.run(config, chosen.workload, chosen.sla, stop_early)
         rows.append((config, m, time.perf_counter() - started))
     return rows
 
@@ -76,8 +76,7 @@ def main() -> None:
         tight = scenario(2 * args.requests, 150, rate=30.0, prompt=(400, 800))
         timings = {}
         for early in (True, False):
-            runner.settings = settings.model_copy(update={"early_rejection": early})
-            rows = run_all(runner, tight)
+            rows = run_all(runner, tight, stop_early=early)
             timings[early] = sum(wall for _, _, wall in rows)
             rejected = sum(1 for _, m, _ in rows if m.fault is not None and m.fault.kind == "sla-violated")
             sent = sum(m.sent for _, m, _ in rows)

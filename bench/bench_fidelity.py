@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from objectives.scenario import Scenario  # noqa: E402
 from runners.measurement import summarize  # noqa: E402
-from runners.sim.calibration import FREE, METRICS, error_rows, error_summary, error_table, fit  # noqa: E402
+from runners.sim.calibration import FREE, METRICS, error_rows, error_summary, error_table, fit, split_held_out  # noqa: E402
 from runners.sim.profiles import load_hardware, load_model  # noqa: E402
 from runners.sim.runner import SimRunner  # noqa: E402
 from tests.conftest import engine_scenario  # noqa: E402
@@ -112,14 +112,13 @@ def real_engine(engine: str, engines: Path, iterations: int, keep: Path | None, 
             print(f"[{engine}] profiled this CPU in {time.perf_counter() - started:.0f} s")
         observations = grid_study(engine, work, "fidelity")
         repeat = grid_study(engine, work, "fidelity-repeat") if repeat_grid else []
-        train = [o for o in observations if o.trial % 2 == 0]
-        test = [o for o in observations if o.trial % 2 == 1]
+        train, test = split_held_out(observations)
         shapes, profile = load_model(str(model)), load_hardware(str(work / "cpu.yaml"))
         make_runner = lambda hw: SimRunner(engine, shapes, hw)  # noqa: E731
         started = time.perf_counter()
-        calibrated, before, after = fit(train, scenario, profile, make_runner, iterations, "bench", seed=0)
+        calibrated, before, after, _ = fit(train, scenario, profile, make_runner, iterations, "bench", seed=0)
         print(f"[{engine}] calibrated on {len(train)} loads of {len({o.trial for o in train})} trials in "
-              f"{time.perf_counter() - started:.0f} s (training mean |log error| {before:.3f} -> {after:.3f}); "
+              f"{time.perf_counter() - started:.0f} s (training loss {before:.3f} -> {after:.3f}); "
               f"held out: {len(test)} loads of {len({o.trial for o in test})} trials")
         raw = error_summary(error_table(test, scenario, make_runner(profile)))
         cal = error_summary(error_table(test, scenario, make_runner(calibrated)))

@@ -11,7 +11,8 @@ from objectives import userfile
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # strict: a YAML `true` is no number (lax pydantic reads it as 1), nor "5" one
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class Fixed(_Strict):
@@ -101,7 +102,7 @@ class Workload(_Strict):
     num_requests: Annotated[int, Field(ge=1, le=1_000_000)]
     input_tokens: LengthDistribution
     output_tokens: LengthDistribution
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0)] = 0  # numpy's generators take no negative seed
 
     @property
     def longest_prompt(self) -> int:
@@ -115,7 +116,33 @@ class Workload(_Strict):
 class SLA(_Strict):
     ttft_p99_ms: PositiveFloat
     tpot_p99_ms: PositiveFloat | None = None
+    # Unset: every request must succeed (a failed request under load is a miss, not noise).
     min_success_rate: Annotated[float, Field(gt=0, le=1)] | None = None
+
+    @property
+    def required_success_rate(self) -> float:
+        return 1.0 if self.min_success_rate is None else self.min_success_rate
+
+
+class QualitySLO(_Strict):
+    """How far a config may fall below the model's reference (bf16 weights, KV compression off).
+    Every field is optional; each one set is a constraint beside the SLA (objectives.quality)."""
+
+    max_accuracy_drop: Annotated[float, Field(ge=0)] | None = None  # benchmark points below the reference
+    min_top1_agreement: Annotated[float, Field(gt=0, le=1)] | None = None  # share of positions with the reference's top token
+    max_kl: PositiveFloat | None = None  # mean KL divergence from the reference's next-token distribution (nats)
+
+    def bounds(self) -> dict[str, float]:
+        """The figure each set field bounds (objectives.quality.FIGURES) and its limit."""
+        limits = {figure: getattr(self, field) for figure, field in QUALITY_SLO_FIELDS.items()}
+        return {figure: limit for figure, limit in limits.items() if limit is not None}
+
+
+# Each quality figure and the SLO field that bounds it (top-1 agreement from below, the others from above).
+QUALITY_SLO_FIELDS = {"accuracy_drop": "max_accuracy_drop", "kl": "max_kl", "top1_agreement": "min_top1_agreement"}
+
+
+MAX_PEAK_RATE = 1_000_000.0  # req/s
 
 
 class Load(_Strict):
@@ -125,6 +152,8 @@ class Load(_Strict):
     holds, from the scenario's nominal rate (its `rate` or `concurrency`, the traffic of a
     normal day) up to `max_rate`, bisecting to `precision`; below the nominal rate only down
     to `min_rate`. fixed: the nominal rate only; throughput is then what that rate delivers.
+    The nominal load always runs whole (its TTFT p99 is an objective); the search's other
+    steps stop as soon as the SLA is certainly missed, unless `early_rejection` is false.
     """
 
     mode: Literal["capacity", "fixed"] = "capacity"
@@ -132,7 +161,10 @@ class Load(_Strict):
     min_rate: PositiveFloat | None = None  # default: the nominal rate
     max_rate: PositiveFloat | None = None  # default: 64 x the nominal rate
     max_trial_s: PositiveFloat | None = None  # stop a trial's search after this long (real engines)
-    peak_rate: PositiveFloat | None = None  # req/s at peak: the front and export size the fleet
+    # req/s at peak: the front and export size the fleet. A million req/s is beyond any one
+    # deployment's peak (and keeps the instance count a readable number).
+    peak_rate: Annotated[float, Field(gt=0, le=MAX_PEAK_RATE)] | None = None
+    early_rejection: bool = True
 
 
 class Scenario(_Strict):
@@ -147,6 +179,7 @@ class Scenario(_Strict):
     # offered rate, so many configs tie on it and the second objective should decide).
     tie_tolerance: Annotated[float, Field(ge=0, le=0.5)] = 0.01
     load: Load = Load()
+    quality: QualitySLO | None = None  # what the configs may cost in accuracy (none: not constrained)
 
     @model_validator(mode="after")
     def _rate_bounds_bracket(self):
@@ -156,7 +189,16 @@ class Scenario(_Strict):
             raise ValueError(f"load.min_rate ({low:g}) is above the nominal rate ({nominal:g}); it must not exceed it")
         if high < nominal:
             raise ValueError(f"load.max_rate ({high:g}) is below the nominal rate ({nominal:g}); it must be at least that")
+        if self.closed_loop:
+            for field, value in (("min_rate", self.load.min_rate), ("max_rate", self.load.max_rate)):
+                if value is not None and value != int(value):
+                    raise ValueError(f"load.{field} ({value:g}) must be a whole number: a closed loop's "
+                                     "rate is the number of requests in flight")
         if self.load.mode == "capacity" and high <= low:
+            if self.closed_loop and self.load.max_rate is None:  # the ceiling is num_requests, not a field set
+                raise ValueError(f"workload.num_requests ({self.workload.num_requests}) must be above "
+                                 f"workload.arrival.concurrency ({nominal:g}) for a capacity search: a closed loop "
+                                 "never has more requests in flight than it sends (or set load.mode: fixed)")
             raise ValueError(f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) for a capacity search")
         return self
 

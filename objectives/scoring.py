@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from objectives.scenario import SLA, Scenario
+from objectives.scenario import SLA, QualitySLO, Scenario
 
 # Directions of the two objectives, in this order, everywhere: TTFT p99 at the nominal rate,
 # and throughput: at capacity (the most the config sustains within the SLA) or, with a fixed
@@ -34,9 +34,30 @@ def constraint_values(metrics: dict[str, Any], sla: SLA) -> dict[str, float]:
         tpot = metrics.get("tpot_p99_ms")
         # No multi-token request means TPOT was never observed: that cannot prove the SLO met.
         constraints["tpot_p99"] = 1.0 if tpot is None else tpot / sla.tpot_p99_ms - 1.0
-    if sla.min_success_rate is not None:
-        constraints["success_rate"] = sla.min_success_rate - metrics["success_rate"]
+    constraints["success_rate"] = sla.required_success_rate - metrics["success_rate"]
     return constraints
+
+
+QUALITY_PREFIX = "quality_"  # quality constraints' names start with it, beside the SLA's
+
+
+def quality_constraint_values(figures: dict[str, float | None], slo: QualitySLO | None) -> dict[str, float]:
+    """The quality SLO in the same form: how far each bounded figure is past its limit, in the
+    figure's own units (points, nats, share), <= 0 feasible. A figure nobody could supply cannot
+    prove the SLO met: it counts as violated by 1."""
+    constraints = {}
+    for figure, limit in (slo.bounds() if slo else {}).items():
+        value = figures.get(figure)
+        if value is None:
+            constraints[QUALITY_PREFIX + figure] = 1.0
+        else:
+            constraints[QUALITY_PREFIX + figure] = limit - value if figure == "top1_agreement" else value - limit
+    return constraints
+
+
+def meets_sla(named: dict[str, float]) -> bool:
+    """The latency SLA alone (the quality constraints left out), from a trial's named constraints."""
+    return all(value <= 0 for name, value in named.items() if not name.startswith(QUALITY_PREFIX))
 
 
 def is_feasible(constraints: dict[str, float]) -> bool:

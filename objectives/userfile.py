@@ -23,6 +23,13 @@ class InputError(Exception):
     """Bad user input (a file, field or flag). The CLI prints it as one line and exits 2."""
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message for one line of ours: its first line (third-party messages run
+    on with advice), or its type when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def describe_validation_error(source: str, error: ValidationError) -> str:
     first = error.errors()[0]
     loc = ".".join(str(part) for part in first["loc"])

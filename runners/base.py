@@ -17,9 +17,9 @@ class Session(Protocol):
 
     extra: dict[str, Any]  # facts of the engine's life (start and stop times, log, pid)
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
-        """Serve one load. With an SLA the runner may stop once it is certainly broken (fault
-        "sla-violated"): always with stop_early=True, never with False, its own default with None."""
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
+        """Serve one load, whole; with stop_early and an SLA, stop as soon as the SLA is certainly
+        missed (fault "sla-violated"). The same meaning on every runner."""
 
 
 class Runner(Protocol):
@@ -41,17 +41,23 @@ class Runner(Protocol):
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         """Reasons the config cannot run at all here (e.g. memory), known before running."""
 
+    def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
+        """The engine's arguments for the config (search_spaces.engines), less host, port and
+        local paths: what a trial records and its export holds. None: not an argument list."""
+
     def session(self, config: dict[str, Any], workload: Workload) -> AbstractContextManager[Session]:
         """Start serving the config (the workload's lengths size the engine); stop on exit.
         A config that cannot start gives a session whose every measurement carries the fault."""
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
+            stop_early: bool = False) -> Measurement:
         """Serve the workload with the config once (see run_once). Failures come back as Measurement.fault."""
 
 
-def run_once(runner: Runner, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
+def run_once(runner: Runner, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
+             stop_early: bool = False) -> Measurement:
     with runner.session(config, workload) as session:
-        measurement = session.measure(workload, sla)
+        measurement = session.measure(workload, sla, stop_early)
     measurement.extra = session.extra | measurement.extra
     return measurement
 
@@ -62,7 +68,7 @@ class FailedSession:
     def __init__(self, fault, extra: dict[str, Any] | None = None):
         self.fault, self.extra = fault, extra or {}
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
         return Measurement.failed(self.fault)
 
 

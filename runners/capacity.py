@@ -12,9 +12,13 @@ luck of the draw); a real engine gets fresh prompt text each step.
    reached; if the nominal rate breaks one, halve down to `min_rate` instead;
 3. bisect the bracket geometrically until its width is within `precision` of its low end
    (closed loops: whole requests in flight).
-Steps other than the nominal one stop as soon as the TTFT bound is certainly broken. The
-capacity is the highest rate that met every SLO; its measured output tokens/s and requests/s
-are the trial's throughput. `max_trial_s` ends the search early; the trial says so.
+The nominal step runs whole; the others stop as soon as the SLA is certainly missed (unless
+`load.early_rejection` is false). A step whose requests fail (an overloaded server refusing
+some) misses the SLA's success rate and is bisected on like any miss; only an engine that dies
+ends the search. A closed loop's step that cannot move (rounding to a rate already measured)
+ends it too. The capacity is the highest rate that met every SLO; its measured output
+tokens/s and requests/s are the trial's throughput. `max_trial_s` ends the search early; the
+trial says so.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible
@@ -60,90 +64,95 @@ class Evaluation:
     partial: dict[str, Any] = field(default_factory=dict)  # metrics of a load stopped early
 
 
-def _step(session: Session, scenario: Scenario, rate: float, stop_early: bool | None) -> Step:
+def _step(session: Session, scenario: Scenario, rate: float, stop_early: bool) -> Step:
     m = session.measure(scenario.at_rate(rate), scenario.sla, stop_early)
     metrics = summarize(m, scenario.sla) if m.sent else {}
-    ok = (m.fault is None and metrics.get("ttft_p99_ms") is not None
-          and is_feasible(constraint_values(metrics, scenario.sla)))
-    return Step(rate, m, metrics, ok)
-
-
-def _round(rate: float, closed: bool) -> float:
-    return float(max(1, round(rate))) if closed else rate
-
-
-def _narrow_enough(low: float, high: float, precision: float, closed: bool) -> bool:
-    return (closed and high - low <= 1) or high <= low * (1 + precision)
+    meets_sla = (m.fault is None and metrics.get("ttft_p99_ms") is not None
+                 and is_feasible(constraint_values(metrics, scenario.sla)))
+    return Step(rate, m, metrics, meets_sla)
 
 
 class _Search:
+    """The bracket [highest rate that met every SLO, lowest rate that missed one], narrowed
+    step by step; either end is None until a step has landed there."""
+
     def __init__(self, session: Session, scenario: Scenario, deadline: float | None):
         self.session, self.scenario, self.deadline = session, scenario, deadline
         self.closed = scenario.closed_loop
         self.steps: list[Step] = []
         self.time_limited = False
         self.engine_fault: Step | None = None
-        self.good: float | None = None
-        self.bad: float | None = None
+        self.highest_met: float | None = None
+        self.lowest_missed: float | None = None
 
-    def probe(self, rate: float) -> Step | None:
-        """A step at `rate`; None when the time is up or the engine failed (the search ends)."""
-        if self.engine_fault is not None:
-            return None
+    def _as_rate(self, rate: float) -> float:
+        """A closed loop's rate is a whole number of requests in flight."""
+        return float(max(1, round(rate))) if self.closed else rate
+
+    def _narrow_enough(self) -> bool:
+        low, high = self.highest_met, self.lowest_missed
+        return (self.closed and high - low <= 1) or high <= low * (1 + self.scenario.load.precision)
+
+    def _measure(self, rate: float) -> bool:
+        """Measure one step and move the bracket; False when the search has to end: the time is
+        up, the engine failed (a missed SLA or failed requests are a step, not an end), or the
+        rate is one already measured (a closed loop's rounding cannot move any further)."""
+        if self.engine_fault is not None or any(step.rate == rate for step in self.steps):
+            return False
         if self.deadline is not None and time.monotonic() >= self.deadline:
             self.time_limited = True
-            return None
-        step = _step(self.session, self.scenario, rate, True)
+            return False
+        step = _step(self.session, self.scenario, rate, self.scenario.load.early_rejection)
         self.steps.append(step)
-        if step.measurement.fault is not None and step.measurement.fault.kind != "sla-violated":
+        fault = step.measurement.fault
+        if fault is not None and fault.kind != "sla-violated":
             self.engine_fault = step
-            return None
-        return step
-
-    def _try(self, rate: float) -> bool:
-        """Probe `rate` and narrow the bracket; False when the search has to end."""
-        step = self.probe(rate)
-        if step is None:
             return False
         if step.meets_sla:
-            self.good = rate
+            self.highest_met = rate
         else:
-            self.bad = rate
+            self.lowest_missed = rate
         return True
 
     def run(self, nominal: Step) -> None:
-        """Bracket, then bisect: `good` ends as the highest rate that met every SLO and `bad`
-        as the lowest that broke one (None where none was seen)."""
-        low_bound, high_bound = self.scenario.rate_bounds
-        closed = self.closed
-        self.good, self.bad = (nominal.rate, None) if nominal.meets_sla else (None, nominal.rate)
-        while self.bad is None and self.good < high_bound:
-            if not self._try(_round(min(self.good * CAPACITY_RAMP, high_bound), closed)):
+        """From the nominal step: double until a step misses (or the ceiling), else halve until
+        one meets (or the floor); then bisect geometrically (closed loops: whole numbers)."""
+        floor, ceiling = self.scenario.rate_bounds
+        self.steps.append(nominal)
+        if nominal.meets_sla:
+            self.highest_met = nominal.rate
+        else:
+            self.lowest_missed = nominal.rate
+        while self.lowest_missed is None and self.highest_met < ceiling:
+            if not self._measure(self._as_rate(min(self.highest_met * CAPACITY_RAMP, ceiling))):
                 return
-        while self.good is None and self.bad > low_bound:
-            rate = _round(max(self.bad / CAPACITY_RAMP, low_bound), closed)
-            if rate >= self.bad or not self._try(rate):
+        while self.highest_met is None and self.lowest_missed > floor:
+            if not self._measure(self._as_rate(max(self.lowest_missed / CAPACITY_RAMP, floor))):
                 return
-        while self.good is not None and self.bad is not None and not _narrow_enough(
-                self.good, self.bad, self.scenario.load.precision, closed):
-            rate = math.floor((self.good + self.bad) / 2) if closed else math.sqrt(self.good * self.bad)
-            if (closed and rate <= self.good) or not self._try(rate):
+        while self.highest_met is not None and self.lowest_missed is not None and not self._narrow_enough():
+            low, high = self.highest_met, self.lowest_missed
+            middle = math.floor((low + high) / 2) if self.closed else math.sqrt(low * high)
+            if not self._measure(float(middle)):
                 return
 
 
-def evaluate(runner: Runner, config: dict[str, Any], scenario: Scenario, seed_offset: int = 0) -> Evaluation:
-    """Measure a config as the scenario's load mode says; seed_offset shifts every step's requests."""
+def evaluate(runner: Runner, config: dict[str, Any], scenario: Scenario, seed_offset: int = 0,
+             on_session: Callable[[Session], None] | None = None) -> Evaluation:
+    """Measure a config as the scenario's load mode says; seed_offset shifts every step's
+    requests. `on_session` is called once the engine serves the config, before any load."""
     if seed_offset:
         scenario = scenario.model_copy(update={"workload": scenario.at_rate(scenario.nominal_rate, seed_offset)})
     started = time.monotonic()
     search = None
     with runner.session(config, scenario.workload) as session:
-        nominal = _step(session, scenario, scenario.nominal_rate, None)
+        if on_session is not None:
+            on_session(session)
+        # Measured whole: its TTFT p99 is an objective and its SLA check the trial's constraint.
+        nominal = _step(session, scenario, scenario.nominal_rate, stop_early=False)
         measured = nominal.measurement.fault is None and nominal.metrics.get("ttft_p99_ms") is not None
         if measured and scenario.load.mode == "capacity":
             limit = scenario.load.max_trial_s
             search = _Search(session, scenario, None if limit is None else started + limit)
-            search.steps.append(nominal)
             search.run(nominal)
     # After the session: the engine has stopped, and its stop time is among the facts.
     extra = session.extra | nominal.measurement.extra
@@ -157,7 +166,7 @@ def evaluate(runner: Runner, config: dict[str, Any], scenario: Scenario, seed_of
 
 
 def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
-    good, bad = search.good, search.bad
+    good, bad = search.highest_met, search.lowest_missed
     at = next((s for s in search.steps if s.rate == good and s.meets_sla), None)
     low_bound, high_bound = scenario.rate_bounds
     metrics: dict[str, Any] = {

@@ -7,19 +7,23 @@ to BF16, then llama-quantize), cached by the model's content so every trial reus
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, PositiveFloat
 
 from objectives.scenario import Workload
+from objectives.quality import QualityFigure
+from runners.base import Session
+from runners.llamacpp_quality import PerplexityQuality
 from runners.process import EngineFailed
+from runners.quality import QualityUnavailable, model_key
 from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner, special_token_bias
-from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
+from search_spaces.engines import llamacpp_args, violations
+from search_spaces.knobs import LLAMACPP_GGUF_TYPES
 from objectives.userfile import InputError
 
 
@@ -50,15 +54,8 @@ class LlamaCppSettings(RunnerSettings):
     gguf_cache: Path = Path.home() / ".cache" / "autotune" / "gguf"
     threads: int | None = Field(default=None, ge=1)  # -t; 1 makes runs repeat within ~1% on a busy CPU
     flash_attention: bool = True  # -fa on: quantized V caches need it; kept on so KV type is the only change
-
-
-def _model_key(model: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(model.iterdir()):
-        if path.is_file():
-            stat = path.stat()
-            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
+    perplexity_cmd: Path | None = None  # llama-perplexity (the quality figure); default: beside llama-server
+    quality_timeout_s: PositiveFloat = 1800.0  # one llama-perplexity run (a 7B model on a CPU takes minutes)
 
 
 def _run_step(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -79,16 +76,32 @@ class LlamaCppRunner(ServedRunner):
         server = Path(settings.engine_cmd[0])
         self.quantize_cmd = settings.quantize_cmd or server.with_name("llama-quantize")
         self.convert_script = settings.convert_script or server.parent.parent / "convert_hf_to_gguf.py"
-        self.cache = settings.gguf_cache / f"{settings.model.name}-{_model_key(settings.model)}"
+        self.cache = settings.gguf_cache / f"{settings.model.name}-{model_key(settings.model)}"
+        self.perplexity_cmd = settings.perplexity_cmd or server.with_name("llama-perplexity")
         if not (self.cache / "BF16.gguf").exists() and not self.convert_script.is_file():
             raise InputError(f"convert_script: {self.convert_script} not found; give the path of llama.cpp's "
                              "convert_hf_to_gguf.py in --runner-config")
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
-        precision = config.get("quantization", "bf16")
-        if precision not in LLAMACPP_GGUF_TYPES:
-            return [f"llama.cpp has no GGUF type for {precision}; it takes {', '.join(LLAMACPP_GGUF_TYPES)}"]
-        return []
+        return violations("llamacpp", config, workload)
+
+    def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        return llamacpp_args(config, workload, self.settings.flash_attention, self.settings.threads,
+                             self.settings.extra_args)
+
+    def measure_quality(self, config: dict[str, Any], session: Session, eval_prompts: list[str]) -> QualityFigure:
+        """llama-perplexity's KL divergence beside the server (runners/llamacpp_quality.py); the
+        session is not used: the tool loads the config's GGUF itself."""
+        return self._perplexity().measure(config, eval_prompts)
+
+    def prepare_quality(self, config: dict[str, Any], eval_prompts: list[str]) -> None:
+        self._perplexity().reference(eval_prompts)
+
+    def _perplexity(self) -> PerplexityQuality:
+        if not self.perplexity_cmd.is_file():
+            raise QualityUnavailable(f"perplexity_cmd: {self.perplexity_cmd} not found; build llama.cpp's "
+                                     "llama-perplexity (.ci/setup-engines does) or give its path in --runner-config")
+        return PerplexityQuality(self, self.perplexity_cmd, self.settings.quality_timeout_s)
 
     def gguf(self, precision: str) -> Path:
         """The model's GGUF for a precision, made on first use (one process at a time)."""
@@ -117,22 +130,9 @@ class LlamaCppRunner(ServedRunner):
         os.replace(partial, out)
 
     def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
-        native = render("llamacpp", config)
-        precision = native.get("weights", "bf16")
-        slots = int(config.get("batch_size", 1))
-        # Room for every slot's longest request, and never below the step budget: llama.cpp
-        # caps -b/-ub at the context size, which would quietly change the knob.
-        context = max(slots * workload.longest_request, int(config.get("max_prefill_tokens", 0)))
-        argv = [*self.settings.engine_cmd, "-m", str(self.gguf(precision)), "--host", "127.0.0.1",
-                "--port", str(port), "--alias", SERVED_NAME, "-c", str(context),
-                "-fa", "on" if self.settings.flash_attention else "off", "--metrics",
+        gguf = self.gguf(config.get("quantization", "bf16"))
+        argv = [*self.settings.engine_cmd, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                "--alias", SERVED_NAME, "--metrics",
                 # Verbosity 4 logs what the engine set up (file type, KV types, batch sizes).
-                "-lv", "4", *native.get("args", [])]
-        if "-np" not in argv:
-            argv += ["-np", str(slots)]
-        if self.settings.threads:
-            argv += ["-t", str(self.settings.threads)]
-        if precision not in ("bf16", "fp16"):
-            argv.append("--no-repack")  # the repacked (AMX) path of quantized weights crashes on some CPUs
-        argv += self.settings.extra_args
+                "-lv", "4", *self.engine_args(config, workload)]
         return Launch(argv=argv, model=SERVED_NAME, extra_body={"logit_bias": special_token_bias(self.settings.model)})

@@ -5,9 +5,15 @@ Per request it records send, first-token and finish times, the server's own toke
 the gaps between streamed chunks (ITL); errors and timeouts are kept as failed requests, never
 dropped. Metric definitions live in runners/measurement.py.
 
-Early rejection: Optuna cannot prune multi-objective trials, so the load stops as soon as the
-TTFT p99 bound is certainly broken: once more requests have exceeded it (or waited past it
-without a first token) than a p99 over all planned requests can absorb.
+Early rejection: Optuna cannot prune multi-objective trials, so a load asked to stop early
+stops as soon as its SLA is certainly missed, counting as the metrics do: the TTFT p99 covers
+successful requests, the success rate counts failed ones, and a late request still in flight
+may end either way (runners.measurement.load_certainly_fails).
+
+A token is counted when the server says it was generated, not when it shows text: a token that
+ends inside a multi-byte character (or a random model's special token) streams as empty text.
+TTFT is the first visible text; where a request's first token came without text, its first
+token chunk stands in, and the record counts it (`invisible_first_tokens`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from runners.measurement import Measurement, p99_breaking_count
+from objectives.scenario import SLA
+from runners.measurement import Measurement, load_certainly_fails
 from runners.workload import Requests
 
 WATCH_INTERVAL_S = 0.05
@@ -36,6 +43,18 @@ class Target:
     request_timeout_s: float = 120.0  # also the longest silence between two chunks
 
 
+@dataclass(frozen=True)
+class RejectionRule:
+    """When a load may stop: its TTFT p99 bound and the share of requests that must succeed."""
+
+    ttft_bound_s: float
+    min_success_rate: float
+
+    @classmethod
+    def of(cls, sla: SLA) -> "RejectionRule":
+        return cls(sla.ttft_p99_ms / 1000, sla.required_success_rate)
+
+
 @dataclass
 class _Record:
     send: float = math.nan
@@ -45,17 +64,23 @@ class _Record:
     output_tokens: int = 0
     ok: bool = False
     error: str = ""
+    first_chunk: float = math.nan  # the first chunk carrying a token, text or not
+    first_invisible: bool = False  # the first token streamed as empty text
+    stalled: bool = False  # timed out waiting for the server (not refused by it)
     gaps: list[float] = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> bool:
+        return not self.ok and not self.error
 
 
 class _Load:
-    def __init__(self, target: Target, prompts: list[str], requests: Requests, ttft_bound_s: float | None):
+    def __init__(self, target: Target, prompts: list[str], requests: Requests, rejection: RejectionRule | None):
         self.target = target
         self.prompts = prompts
         self.requests = requests
         self.records = [_Record() for _ in range(len(requests))]
-        self.ttft_bound_s = ttft_bound_s
-        self.breaking = p99_breaking_count(len(requests))
+        self.rejection = rejection
         self.rejected: str | None = None
         self.done = asyncio.Event()
         self.t0 = 0.0
@@ -70,16 +95,19 @@ class _Load:
 
     async def send(self, client: httpx.AsyncClient, i: int) -> None:
         record = self.records[i]
-        record.send = self.now()
         body = self.payload(self.prompts[i], int(self.requests.output_tokens[i]))
         try:
             await asyncio.wait_for(self._stream(client, body, record), self.target.request_timeout_s * 4)
         except asyncio.TimeoutError:
             record.error = f"no answer within {self.target.request_timeout_s * 4:g} s"
+            record.stalled = True
         except httpx.TimeoutException:
             record.error = f"stalled: nothing streamed for {self.target.request_timeout_s:g} s"
+            record.stalled = True
         except (httpx.HTTPError, json.JSONDecodeError, KeyError) as error:
             record.error = f"{type(error).__name__}: {error}"
+        if math.isnan(record.send):  # failed before it was sent
+            record.send = self.now()
         record.finish = self.now()
         record.ok = not record.error
         self._check_rejection()
@@ -87,7 +115,11 @@ class _Load:
     async def _stream(self, client: httpx.AsyncClient, body: dict, record: _Record) -> None:
         last = None
         chunks = 0
-        async with client.stream("POST", f"{self.target.base_url}/v1/completions", json=body) as response:
+        # Built (JSON encoded) before the send time is stamped: TTFT starts when the request leaves.
+        request = client.build_request("POST", f"{self.target.base_url}/v1/completions", json=body)
+        record.send = self.now()
+        response = await client.send(request, stream=True)
+        try:
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", "replace")
                 record.error = f"HTTP {response.status_code}: {text[:200]}"
@@ -103,8 +135,10 @@ class _Load:
                     record.error = f"server error: {str(chunk['error'])[:200]}"
                     return
                 choices = chunk.get("choices")
-                if choices and choices[0].get("text"):  # a closing chunk with no text is no token
-                    stamp = self.now()
+                stamp = self.now()
+                if choices and math.isnan(record.first_chunk):
+                    record.first_chunk = stamp
+                if choices and choices[0].get("text"):
                     if last is None:
                         record.first = stamp
                         self._check_rejection()
@@ -116,31 +150,47 @@ class _Load:
                 if usage:
                     record.prompt_tokens = int(usage["prompt_tokens"])
                     record.output_tokens = int(usage["completion_tokens"])
-        if last is None:
-            record.error = "the stream ended without a token"
-        elif record.output_tokens == 0:
+        finally:
+            await response.aclose()
+        if record.error:
+            return
+        if record.output_tokens == 0:
             record.output_tokens = chunks  # a server without usage: one chunk per token
+        if record.output_tokens == 0:
+            record.error = "the stream ended without a token"
+        elif last is None or record.first_chunk < record.first:
+            record.first_invisible = True
+            if last is None:  # generated tokens (per usage), none of them visible text
+                record.first = record.first_chunk
 
-    def violators(self) -> int:
-        bound = self.ttft_bound_s
+    def tally(self) -> tuple[int, int, int]:
+        """(successful requests that were late, late requests still in flight, failed requests)."""
+        bound = self.rejection.ttft_bound_s
         now = self.now()
-        count = 0
+        late_ok = late_in_flight = failed = 0
         for r in self.records:
             if math.isnan(r.send):
                 continue
-            if math.isnan(r.first):
-                count += not r.error and now - r.send > bound
-            else:
-                count += r.first - r.send > bound
-        return count
+            if r.error:
+                failed += 1
+                continue
+            # A token that streamed as empty text is a token: its chunk ends the wait too.
+            first = r.first if not math.isnan(r.first) else r.first_chunk
+            waited = (now if math.isnan(first) else first) - r.send
+            if waited > bound:
+                late_ok += r.ok
+                late_in_flight += r.in_flight
+        return late_ok, late_in_flight, failed
 
     def _check_rejection(self) -> None:
-        if self.ttft_bound_s is None or self.rejected:
+        if self.rejection is None or self.rejected:
             return
-        late = self.violators()
-        if late >= self.breaking:
-            self.rejected = (f"TTFT p99 bound {self.ttft_bound_s * 1000:g} ms certainly broken: {late} of "
-                             f"{len(self.records)} planned requests already exceeded it")
+        late_ok, late_in_flight, failed = self.tally()
+        rule = self.rejection
+        if load_certainly_fails(len(self.records), late_ok, late_in_flight, failed, rule.min_success_rate):
+            self.rejected = (f"SLA certainly broken (TTFT p99 bound {rule.ttft_bound_s * 1000:g} ms, success rate "
+                             f">= {rule.min_success_rate:g}): of {len(self.records)} planned requests {late_ok} "
+                             f"succeeded late, {late_in_flight} are late in flight, {failed} failed")
             self.done.set()
 
     async def watch(self) -> None:
@@ -192,9 +242,9 @@ class _Load:
 
 
 def drive(target: Target, prompts: list[str], requests: Requests, warmup: list[str],
-          ttft_bound_s: float | None) -> tuple[Measurement, str | None]:
-    """Run the load; the measurement and, when it was stopped early, why."""
-    load = _Load(target, prompts, requests, ttft_bound_s)
+          rejection: RejectionRule | None) -> tuple[Measurement, str | None]:
+    """Run the load; the measurement and, when it was stopped early (by `rejection`), why."""
+    load = _Load(target, prompts, requests, rejection)
     asyncio.run(load.run(warmup))
     records = load.records
     sent = [r for r in records if not math.isnan(r.send)]
@@ -218,6 +268,11 @@ def drive(target: Target, prompts: list[str], requests: Requests, warmup: list[s
     errors = [r.error for r in sent if r.error]
     measurement.extra["requests_planned"] = len(records)
     measurement.extra["errors"] = len(errors)
+    measurement.extra["invisible_first_tokens"] = sum(r.first_invisible for r in sent if r.ok)
+    stalls = [r.error for r in sent if r.stalled]
+    measurement.extra["stalled"] = len(stalls)
+    if stalls:
+        measurement.extra["first_stall"] = stalls[0]
     if errors:
         measurement.extra["first_error"] = errors[0]
     return measurement, load.rejected

@@ -9,6 +9,7 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
 - output throughput: output tokens of successful requests / duration; total adds input tokens.
 - goodput (DistServe): successful requests that meet every SLO of the scenario / duration.
 - success rate: successful requests / requests sent.
+- offered rate: (requests sent - 1) / (last send - first send), what the load really offered.
 Percentiles use numpy's linear interpolation over successful requests and always carry the
 number of samples they stand on; a p99 from fewer than 100 samples is flagged.
 """
@@ -29,6 +30,26 @@ P99_MIN_SAMPLES = 100
 def p99_breaking_count(planned: int) -> int:
     """Fewest samples above a bound that put numpy's (linear) p99 of `planned` samples above it."""
     return planned - math.floor(0.99 * (planned - 1))
+
+
+def load_certainly_fails(planned: int, late_ok: int, late_in_flight: int, failed: int,
+                         min_success_rate: float) -> bool:
+    """Whether a load of `planned` requests misses its SLA whatever its unfinished requests do.
+
+    The TTFT p99 covers successful requests only, and the success rate counts failures, so a
+    late request still in flight may end either way: late (a p99 sample above the bound) or
+    failed (one sample fewer, one failure more). The load certainly fails only if every split
+    of those breaks one of the two; requests not yet answered in time may all still succeed.
+    """
+    allowed_failures = math.floor((1.0 - min_success_rate) * planned + 1e-9)
+    for failing in range(late_in_flight + 1):
+        failures = failed + failing
+        if failures > allowed_failures:
+            continue  # this future breaks the success rate
+        successes_at_most = planned - failures
+        if successes_at_most <= 0 or late_ok + late_in_flight - failing < p99_breaking_count(successes_at_most):
+            return False  # a future where both SLOs may still hold
+    return True
 
 
 @dataclass(frozen=True)
@@ -84,6 +105,7 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
     finished = m.finish_s[ok]
     duration = float(finished.max() - m.send_s.min()) if finished.size else 0.0
     per_s = (lambda x: float(x) / duration) if duration > 0 else (lambda x: 0.0)
+    send_span = float(m.send_s.max() - m.send_s.min()) if m.sent > 1 else 0.0
 
     meets = ttft * 1000 <= sla.ttft_p99_ms
     if sla.tpot_p99_ms is not None:
@@ -99,6 +121,7 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
         "total_tokens_per_s": per_s(out_tokens.sum() + m.input_tokens[ok].sum()),
         "requests_per_s": per_s(ok.sum()),
         "goodput_rps": per_s(meets.sum()),
+        "offered_rps": float((m.sent - 1) / send_span) if send_span > 0 else None,
         "peak_kv_usage": m.peak_kv_usage,
     }
     metrics |= _percentiles("ttft", ttft, (50, 90, 99))

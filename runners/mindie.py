@@ -18,6 +18,7 @@ from typing import Any
 from objectives.scenario import Workload
 from runners.process import choose_port, http_ready, log_line_ready
 from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner
+from search_spaces.engines import mindie_model_deploy, violations
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace
 from objectives.userfile import InputError
@@ -85,11 +86,8 @@ class MindIERunner(ServedRunner):
             if low is not None and not low <= value <= high:
                 raise InputError(f"ScheduleConfig.{name}: {value} is outside MindIE's range {low}..{high}")
         _merge(backend.setdefault("ScheduleConfig", {}), schedule)
-        longest_prompt, longest_request = workload_max
         deploy = backend.setdefault("ModelDeployConfig", {})
-        # Sized to the scenario: MindIE reserves memory by maxSeqLen and needs maxPrefillTokens >= maxInputTokenLen.
-        deploy["maxSeqLen"] = longest_request
-        deploy["maxInputTokenLen"] = longest_prompt
+        deploy.update(mindie_model_deploy(*workload_max))
         models = deploy.setdefault("ModelConfig", [{}])
         models[0]["modelName"] = SERVED_NAME
         models[0]["modelWeightPath"] = str(self.weights_for(native.get("weights", "bf16")))
@@ -99,10 +97,7 @@ class MindIERunner(ServedRunner):
         return rendered
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
-        tokens = config.get("max_prefill_tokens")
-        if tokens is not None and tokens < workload.longest_prompt:
-            return [f"MindIE needs maxPrefillTokens ({tokens}) >= maxInputTokenLen ({workload.longest_prompt})"]
-        return []
+        return violations("mindie", config, workload)
 
     def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
         ports = (port, choose_port(None), choose_port(None))

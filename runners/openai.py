@@ -19,6 +19,7 @@ from pydantic import Field
 
 from objectives.scenario import Workload
 from runners.process import http_ready
+from runners.quality import QualityUnavailable
 from runners.served import Launch, RunnerSettings, ServedRunner
 from search_spaces.space import SearchSpace
 from objectives.userfile import InputError
@@ -62,6 +63,23 @@ class OpenAIRunner(ServedRunner):
         except (KeyError, IndexError) as error:
             raise InputError(f"engine_cmd: unknown placeholder {error} in {part!r}; known: "
                              f"{', '.join(sorted(values))}") from None
+
+    def _can_start_the_reference(self) -> None:
+        """Quality needs the bf16 reference: only a command that sets the precision or the KV
+        cache per trial can start it."""
+        if not self.placeholders & {"quantization", "kv_compression"}:
+            how = "engine_cmd has no {quantization} or {kv_compression} placeholder" if self.settings.engine_cmd \
+                else "the server at base_url is already running"
+            raise QualityUnavailable(f"the openai runner cannot start the reference config (bf16 weights, "
+                                     f"kv_compression 1): {how}")
+
+    def measure_quality(self, config: dict[str, Any], session, eval_prompts: list[str]):
+        self._can_start_the_reference()  # then prompt_logprobs as vLLM's, when the server returns them
+        return super().measure_quality(config, session, eval_prompts)
+
+    def prepare_quality(self, config: dict[str, Any], eval_prompts: list[str]) -> None:
+        self._can_start_the_reference()
+        super().prepare_quality(config, eval_prompts)
 
     def served_model(self, base_url: str) -> str:
         if self.settings.served_model:

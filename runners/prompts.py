@@ -19,12 +19,12 @@ _MIN_WORDS = 32
 
 
 def load_tokenizer(path: Path, source: str):
-    from transformers import AutoTokenizer
+    from runners.hf import transformers
 
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise InputError(f"{source}: no tokenizer in {path} (none of {', '.join(TOKENIZER_FILES)})")
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return transformers().AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as error:
         reason = " ".join(str(error).split())  # transformers' reasons span lines: keep them whole, on one
         raise InputError(f"{source}: cannot load a tokenizer from {path}: {reason}") from None

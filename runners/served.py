@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 from objectives.scenario import SLA, Workload
 from runners.base import FailedSession, Session, run_once
-from runners.loadgen import Target, drive
+from runners.loadgen import RejectionRule, Target, drive
 from runners.measurement import Fault, Measurement
 from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
 from runners.prompts import PromptMaker, load_tokenizer
@@ -60,8 +60,9 @@ class RunnerSettings(BaseModel):
     request_timeout_s: PositiveFloat = 120.0
     stop_grace_s: PositiveFloat = 10.0
     warmup_requests: int = Field(default=2, ge=0)
-    early_rejection: bool = True
     log_dir: Path = Path("autotune-logs")
+    # The reference config's measured distributions (the quality figure's baseline), per model and engine.
+    quality_cache: Path = Path.home() / ".cache" / "autotune" / "quality"
 
 
 def load_settings(settings_cls: type[RunnerSettings], path: Path | None, **flags: Any) -> RunnerSettings:
@@ -132,6 +133,25 @@ class ServedRunner:
             self._prompt_maker = PromptMaker(load_tokenizer(self.tokenizer_dir(), source), source)
             self._warmup = self._prompt_maker.make([16] * self.settings.warmup_requests, 1_000_003)
 
+    def tokenizer(self):
+        """The model's tokenizer (the one every load's prompts are made with)."""
+        self.check_inputs()
+        return self._prompt_maker.tokenizer
+
+    def measure_quality(self, config: dict[str, Any], session: Session, eval_prompts: list[str]):
+        """The config's QualityFigure, measured in its running session against the reference
+        config (bf16 weights, KV 1.0); raises runners.quality.QualityUnavailable with the reason."""
+        from runners.logprob_quality import measure_by_prompt_logprobs
+
+        return measure_by_prompt_logprobs(self, config, session, eval_prompts)
+
+    def prepare_quality(self, config: dict[str, Any], eval_prompts: list[str]) -> None:
+        """Measure and keep the reference now, while no trial's engine runs (measure_quality
+        otherwise starts it beside the trial's: two engines on one accelerator may not fit)."""
+        from runners.logprob_quality import ensure_reference
+
+        ensure_reference(self, config, eval_prompts)
+
     def max_context(self) -> tuple[int | None, str]:
         """The model's context (max_position_embeddings of its config.json), when it says."""
         model = self.settings.model
@@ -168,6 +188,9 @@ class ServedRunner:
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         return []
+
+    def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
+        return None  # an engine not started from an argument list (MindIE's config.json, a template)
 
     def _target(self, launch: Launch, base_url: str) -> Target:
         model = launch.model or self.served_model(base_url)
@@ -217,8 +240,9 @@ class ServedRunner:
             yield _EngineSession(self, launch, f"http://127.0.0.1:{port}", engine, trial_dir, extra)
             extra["stop_s"] = engine.stop()
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
-        return run_once(self, config, workload, sla)
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
+            stop_early: bool = False) -> Measurement:
+        return run_once(self, config, workload, sla, stop_early)
 
 
 class _EngineSession:
@@ -231,13 +255,26 @@ class _EngineSession:
         self.target: Target | None = None
         self.loads = 0
 
+    def endpoint(self) -> tuple[str, str]:
+        """The server's base URL and the model name its requests carry."""
+        if self.target is None:
+            self.target = self.runner._target(self.launch, self.base_url)
+        return self.base_url, self.target.model
+
+    def _answers(self) -> bool:
+        """Any HTTP answer within 2 s: a hung engine gives none (its readiness probe may be a
+        log line that stays true, and an OpenAI-compatible server need not have /health)."""
+        try:
+            httpx.get(f"{self.base_url}/v1/models", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return True
+
     def _failed(self, failure: EngineFailed) -> Measurement:
         return Measurement.failed(Fault(failure.kind, failure.message, failure.log_tail))
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
-        settings = self.runner.settings
-        early = settings.early_rejection if stop_early is None else stop_early
-        bound = sla.ttft_p99_ms / 1000 if sla is not None and early else None
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
+        rejection = RejectionRule.of(sla) if stop_early and sla is not None else None
         requests, prompts, warmup = self.runner.load_for(workload, self.loads)
         self.loads += 1
         engine = self.engine
@@ -248,7 +285,7 @@ class _EngineSession:
                 self.target = self.runner._target(self.launch, self.base_url)
             started = time.monotonic()
             try:
-                measurement, rejected = drive(self.target, prompts, requests, warmup, bound)
+                measurement, rejected = drive(self.target, prompts, requests, warmup, rejection)
             except httpx.HTTPError as error:  # the warm-up failed: no request could be served
                 if engine is not None and engine.exited() is not None:
                     raise engine.crashed("during warm-up") from None
@@ -260,10 +297,13 @@ class _EngineSession:
             return self._failed(failure)
         except httpx.HTTPError as error:  # a running server could not be asked for its model
             return Measurement.failed(Fault("error", str(error)))
-        if rejected:
+        if measurement.extra.get("stalled") and not self._answers():
+            # Requests stalled and the engine no longer answers its health check: it hangs, and
+            # every further load would wait out its timeouts too.
+            measurement.fault = Fault("error", f"the engine stopped answering: {measurement.extra['first_stall']}",
+                                      tail(self.trial_dir / "engine.log"))
+        elif rejected:
             measurement.fault = Fault("sla-violated", rejected)
-        elif measurement.extra["errors"] and (sla is None or sla.min_success_rate is None):
-            # Without a success-rate SLO a failed request leaves the numbers untrustworthy.
-            measurement.fault = Fault("error", f"{measurement.extra['errors']} of {measurement.sent} requests failed; "
-                                      f"first: {measurement.extra['first_error']}", tail(self.trial_dir / "engine.log"))
+        # Failed requests of a live engine (even all of them, refused under overload) are a miss of
+        # the success rate, which the capacity search bisects on; the trial says why at the nominal rate.
         return measurement

@@ -13,8 +13,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from objectives.scenario import Workload
+from runners.logprob_quality import TOP_K
 from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner, special_token_bias
-from search_spaces.knobs import QUANTIZATIONS, render
+from search_spaces.engines import violations, vllm_args
+from search_spaces.knobs import QUANTIZATIONS
 from search_spaces.space import SearchSpace
 
 
@@ -35,7 +37,7 @@ class VLLMRunner(ServedRunner):
         self.require_command_and_model("the `vllm` executable or the Python of vLLM's environment")
 
     def weights_for(self, precision: str) -> Path | None:
-        if precision in self.settings.online_quantization and precision not in self.settings.weights:
+        if self._online_method(precision) is not None:
             return self.settings.model
         return super().weights_for(precision)
 
@@ -44,12 +46,19 @@ class VLLMRunner(ServedRunner):
             space, "vLLM needs pre-quantized weights (`weights:`) or a method in `online_quantization:`")
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
-        tokens = config.get("max_prefill_tokens")
-        if config.get("select_batch") == "prefill-first" and tokens is not None and tokens < workload.longest_request:
-            # vLLM refuses to start: without chunking a whole sequence must fit one step.
-            return [f"without chunked prefill vLLM needs max_prefill_tokens ({tokens}) >= the longest request "
-                    f"({workload.longest_request} tokens, its max-model-len)"]
-        return []
+        return violations("vllm", config, workload)
+
+    def _online_method(self, precision: str) -> str | None:
+        """vLLM's `--quantization` method when the precision is quantized while loading."""
+        if precision in self.settings.weights:
+            return None
+        return self.settings.online_quantization.get(precision)
+
+    def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        precision = config.get("quantization", "bf16")
+        # The quality figure reads TOP_K prompt logprobs per position; vLLM caps k at this.
+        measured_with = ["--max-logprobs", str(TOP_K), *self.settings.extra_args]
+        return vllm_args(config, workload, self._online_method(precision), measured_with)
 
     def _argv_prefix(self, model: Path) -> list[str]:
         cmd = list(self.settings.engine_cmd)
@@ -58,13 +67,7 @@ class VLLMRunner(ServedRunner):
         return [*cmd, "serve", str(model)]
 
     def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
-        native = render("vllm", config)
-        precision = native.get("weights", config.get("quantization", "bf16"))
-        model = self.weights_for(precision)
+        model = self.weights_for(config.get("quantization", "bf16"))
         argv = [*self._argv_prefix(model), "--host", "127.0.0.1", "--port", str(port),
-                "--served-model-name", SERVED_NAME, "--max-model-len", str(workload.longest_request),
-                *native.get("args", [])]
-        if precision in self.settings.online_quantization and precision not in self.settings.weights:
-            argv += ["--quantization", self.settings.online_quantization[precision]]
-        argv += self.settings.extra_args
+                "--served-model-name", SERVED_NAME, *self.engine_args(config, workload)]
         return Launch(argv=argv, model=SERVED_NAME, extra_body={"logit_bias": special_token_bias(model)})

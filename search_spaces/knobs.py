@@ -62,15 +62,14 @@ def _vllm_kv_compression(ratio: float) -> dict[str, Any]:
 
 # llama.cpp's CPU kernels quantize activations to 8 bits for both Q8_0 and Q4_0 weights.
 LLAMACPP_GGUF_TYPES = {"bf16": "BF16", "fp16": "F16", "w8a8": "Q8_0", "w4a16": "Q4_0"}
-_LLAMACPP_KV_TYPES = {1.0: "f16", 0.5: "q8_0"}
+LLAMACPP_KV_TYPES = {1.0: "f16", 0.5: "q8_0"}
 
 
 def _llamacpp_kv_compression(ratio: float) -> dict[str, Any]:
-    if ratio not in _LLAMACPP_KV_TYPES:
+    if ratio not in LLAMACPP_KV_TYPES:
         raise ValueError(f"llamacpp can only keep 1.0 or 0.5 of the KV bytes, not {ratio}")
-    kind = _LLAMACPP_KV_TYPES[ratio]
-    flash = ["-fa", "on"] if kind != "f16" else []  # a quantized V cache needs flash attention
-    return {"args": ["-ctk", kind, "-ctv", kind, *flash]}
+    kind = LLAMACPP_KV_TYPES[ratio]
+    return {"args": ["-ctk", kind, "-ctv", kind]}  # search_spaces.engines adds the -fa a quantized V needs
 
 
 def _llamacpp_prefill_tokens(tokens: int) -> dict[str, Any]:
@@ -127,7 +126,7 @@ KNOBS: dict[str, Knob] = {
             render={"mindie": _mindie_kv_compression, "vllm": _vllm_kv_compression,
                     "llamacpp": _llamacpp_kv_compression},
             engine_allowed={"mindie": tuple(_MINDIE_KV_STATES), "vllm": (1.0, 0.5),
-                            "llamacpp": tuple(_LLAMACPP_KV_TYPES)},
+                            "llamacpp": tuple(LLAMACPP_KV_TYPES)},
         ),
         Knob(
             "max_prefill_batch_size", "int", "most requests in one prefill step (MindIE)",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -50,14 +51,28 @@ def gguf_cache(tmp_path_factory) -> Path:
 ENGINES_DIR = Path(os.environ.get("AUTOTUNE_ENGINES", Path.home() / ".cache" / "autotune-engines"))
 
 
+def _missing(message: str) -> None:
+    """Something a test needs is not installed: CI (AUTOTUNE_REQUIRE_ENGINES) installs all of it,
+    so there this fails; locally the test skips."""
+    if os.environ.get("AUTOTUNE_REQUIRE_ENGINES"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def _engine(folder: str, executable: str) -> Path:
-    """An engine .ci/setup-engines installed; CI sets AUTOTUNE_REQUIRE_ENGINES so a missing one fails."""
+    """An engine .ci/setup-engines installed."""
     if not (ENGINES_DIR / folder / ".complete").exists():
-        message = f"{ENGINES_DIR / folder} is not installed: run .ci/setup-engines"
-        if os.environ.get("AUTOTUNE_REQUIRE_ENGINES"):
-            pytest.fail(message)
-        pytest.skip(message)
+        _missing(f"{ENGINES_DIR / folder} is not installed: run .ci/setup-engines")
     return ENGINES_DIR / folder / executable
+
+
+def require_module(name: str, why: str):
+    """A Python module a test needs (e.g. torch, which CI installs): pytest.importorskip, except
+    that under AUTOTUNE_REQUIRE_ENGINES a missing one fails instead of hiding the test."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        _missing(f"{name} is not installed: {why}")
 
 
 @pytest.fixture(scope="session")
@@ -78,4 +93,20 @@ def engine_scenario(requests: int = 24, rate: float = 4.0, ttft_ms: float = 3000
                          "input_tokens": {"kind": "uniform", "low": 32, "high": 96},
                          "output_tokens": {"kind": "uniform", "low": output[0], "high": output[1]}}
     data["sla"] = {"ttft_p99_ms": ttft_ms}
+    # The preset's quality SLO bounds benchmark points, which only a quality table knows, and no
+    # table covers the tiny random model: these studies test serving, not quality.
+    data["quality"] = None
     return Scenario.model_validate(data)
+
+
+def calibrate_summary(stdout: str) -> dict[str, tuple[float, ...]]:
+    """`autotune calibrate`'s summary table, per metric: median |% error| before, after, held out
+    before and held out after (the columns it prints first)."""
+    rows = {}
+    for line in stdout.splitlines():
+        cells = [cell.strip() for cell in line.split("│")]
+        if len(cells) > 6 and cells[2].endswith("%") and cells[1] in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                                                                       "output_tokens_per_s"):
+            rows[cells[1]] = tuple(float("inf") if c == "inf" else float(c.rstrip("%")) if c != "-" else float("nan")
+                                   for c in cells[2:6])
+    return rows

@@ -6,6 +6,8 @@ class-scoped: a real engine starts once per run(), so the good config is measure
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,15 @@ from runners.measurement import Measurement, summarize
 from runners.workload import make_requests
 from search_spaces.knobs import ENGINES
 from tests.conftest import small_scenario
+
+
+def assert_throughput_within_the_load(attrs: dict, planned) -> None:
+    """A trial's nominal-rate throughput against facts summarize does not make: the planned
+    tokens cannot all be out before the last planned arrival, and they were all out within the
+    time the runner spent driving loads (its own clock around every load, warm-up included)."""
+    for key, tokens in (("output_tokens_per_s", planned.output_tokens.sum()),
+                        ("total_tokens_per_s", planned.output_tokens.sum() + planned.input_tokens.sum())):
+        assert tokens / attrs["runner_load_s"] <= attrs[key] <= tokens / np.ptp(planned.arrival_s), key
 
 
 class RunnerContract:
@@ -41,8 +52,16 @@ class RunnerContract:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def measured(cls, runner, good_config, workload) -> Measurement:
-        return runner.run(good_config, workload)
+    def timed_run(cls, runner, good_config, workload) -> tuple[Measurement, float]:
+        """The good config measured once, and the wall seconds the test saw the run take."""
+        started = time.monotonic()
+        measurement = runner.run(good_config, workload)
+        return measurement, time.monotonic() - started
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def measured(cls, timed_run) -> Measurement:
+        return timed_run[0]
 
     def test_identity_names_everything(self, runner):
         identity = runner.identity()
@@ -67,18 +86,23 @@ class RunnerContract:
         assert np.array_equal(m.input_tokens, planned.input_tokens)
         assert np.array_equal(m.output_tokens[ok], planned.output_tokens[ok])
 
-    def test_metrics_agree_with_the_planned_load(self, measured, workload):
-        """Checked against the workload the runner was asked to serve, not against summarize."""
+    def test_metrics_agree_with_the_planned_load(self, timed_run, runner, workload):
+        """Checked against the workload the runner was asked to serve and the test's own clock,
+        not against summarize's formulas."""
+        measured, wall_s = timed_run
         scenario = small_scenario(requests=workload.num_requests)
         planned = make_requests(workload)
         metrics = summarize(measured, scenario.sla)
         assert metrics["requests_sent"] == metrics["requests_ok"] == metrics["ttft_samples"] == len(planned)
         assert metrics["success_rate"] == 1.0
         tokens = int(planned.output_tokens.sum())
-        # Throughput times the wall time of the load is the planned output, token for token.
-        assert metrics["output_tokens_per_s"] * metrics["duration_s"] == pytest.approx(tokens, rel=1e-9)
-        if planned.arrival_s is not None:  # open loop: the load lasts at least as long as its arrivals
-            assert metrics["duration_s"] >= planned.arrival_s[-1]
+        if planned.arrival_s is not None:
+            # Open loop: the planned output cannot all be delivered before the last request arrives.
+            assert metrics["output_tokens_per_s"] <= tokens / np.ptp(planned.arrival_s)
+            assert metrics["requests_per_s"] <= len(planned) / np.ptp(planned.arrival_s)
+        if runner.name != "sim":  # a simulated clock has no relation to the wall clock
+            # Everything was delivered within the run the test timed (engine start included).
+            assert metrics["output_tokens_per_s"] >= tokens / wall_s
         multi = int((planned.output_tokens > 1).sum())
         assert metrics["tpot_samples"] == multi and metrics["tpot_p50_ms"] > 0
         assert 0 < metrics["ttft_p50_ms"] <= metrics["ttft_p99_ms"] < metrics["e2el_p99_ms"]

@@ -63,6 +63,15 @@ def _scenario_with(tmp_path: Path, scenario_file: Path, edit) -> str:
     return _write(tmp_path / "edited.yaml", yaml.safe_dump(data))
 
 
+def _quality_table(tmp: Path, edit) -> str:
+    """The shipped Qwen2-7B quality table, edited."""
+    from objectives.quality import find_shipped
+
+    data = find_shipped("qwen2-7b")[1].model_dump(mode="json")
+    edit(data["models"][0]["entries"])
+    return _write(tmp / "quality.yaml", yaml.safe_dump(data))
+
+
 CASES = {
     "unknown scenario": (lambda tmp, sc: ["--scenario", "no-such-thing"], "customer-service"),
     "missing scenario file": (lambda tmp, sc: ["--scenario", str(tmp / "nope.yaml")], "file not found"),
@@ -256,6 +265,37 @@ CASES = {
         lambda tmp, sc: ["--scenario", str(sc), "--runner", "mindie", "--runner-config",
                          _write(tmp / "runner.yaml", f"install_dir: {tmp}/no-mindie\n")],
         "install_dir (default $MIES_INSTALL_PATH)"),
+    "quality table without a precision the space searches": (
+        lambda tmp, sc: ["--scenario", str(sc), "--quality", _quality_table(
+            tmp, lambda entries: entries.remove(next(e for e in entries if e["quantization"] == "w8a8")))],
+        "quality.yaml: models[0] (qwen2-7b): no entry for precision w8a8, which the search space searches"),
+    "quality table entry without its source": (
+        lambda tmp, sc: ["--scenario", str(sc), "--quality", _quality_table(tmp, lambda entries: entries[1].pop("source"))],
+        "quality.yaml: models.0.entries.1.source: Field required"),
+    "quality table not utf-8": (lambda tmp, sc: ["--scenario", str(sc), "--quality", _write_bytes(tmp / "q.yaml", b"\xff\xfe")],
+                                "q.yaml: not UTF-8"),
+    "quality table naming another model": (
+        lambda tmp, sc: ["--scenario", str(sc), "--quality", _write(tmp / "q.yaml", yaml.safe_dump({"models": [
+            {"names": ["llama-3-8b"], "entries": [{"quantization": "bf16", "accuracy_drop": 0, "source": "published",
+                                                  "note": "reference"}]}]}))],
+        "q.yaml: models: no entry names the model 'qwen2-7b'"),
+    "quality SLO below zero": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(quality={"max_accuracy_drop": -1}))],
+        "quality.max_accuracy_drop: Input should be greater than or equal to 0"),
+    "quality SLO agreement above one": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(quality={"min_top1_agreement": 1.5}))],
+        "quality.min_top1_agreement: Input should be less than or equal to 1"),
+    "quality SLO the simulator cannot answer": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(quality={"max_kl": 0.05}))],
+        "quality.max_kl: the sim runner measures no quality and shipped quality table qwen2-7b.yaml gives no kl "
+        "for bf16@1; supply the figure with --quality FILE"),
+    "quality SLO no searched precision meets": (
+        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(quality={"max_accuracy_drop": 0.5})),
+                         "--space", _write(tmp / "space.yaml", "knobs:\n  quantization: {choices: [w8a8, w4a16]}\n")],
+        "edited.yaml: quality: no precision searched meets it"),
+    "quality prompts for the simulator": (
+        lambda tmp, sc: ["--scenario", str(sc), "--quality-prompts", _write(tmp / "p.yaml", "prompts: [hello]\n")],
+        "--quality-prompts: the sim runner measures no quality"),
 }
 
 

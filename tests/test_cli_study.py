@@ -11,7 +11,7 @@ import yaml
 
 from objectives.scoring import is_feasible
 from search_spaces.knobs import render
-from tests.conftest import run_autotune
+from tests.conftest import run_autotune, small_scenario
 from tuner.export import load_export
 
 STUDY = "small-cs.sim.mindie.qwen2-7b.ascend-910b2"
@@ -45,8 +45,10 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
         if good:
             bad = [s["rate"] for s in steps if not s["meets_sla"] and s["rate"] > max(good)]
             assert not bad or min(bad) <= max(good) * 1.05 + 1e-9  # bisected to the 5% precision
-        assert set(t.user_attrs["sla_constraints"]) == {"ttft_p99"}
-        assert list(t.constraints.values()) == [t.user_attrs["ttft_p99_ms"] / 500 - 1]
+        named = t.user_attrs["sla_constraints"]
+        assert {"ttft_p99", "success_rate"} <= set(named)
+        assert named["ttft_p99"] == t.user_attrs["ttft_p99_ms"] / 500 - 1
+        assert named["success_rate"] == 1.0 - t.user_attrs["success_rate"]  # unset: every request must succeed
         assert t.user_attrs["status"] == ("feasible" if is_feasible(t.constraints) else "violates-sla")
     for t in trials:
         if t.state == optuna.trial.TrialState.FAIL:
@@ -79,7 +81,12 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
     assert exported.capacity["output_tokens_per_s"] == chosen.values[1] > 0
     assert exported.capacity["requests_per_s"] == chosen.user_attrs["capacity_rps"]
     assert exported.native["mindie"]["config_json"]["ScheduleConfig"]["maxBatchSize"] == chosen.params["batch_size"]
-    assert exported.native["mindie"]["config_json"] == render("mindie", exported.knobs)["config"]
+    mindie = exported.native["mindie"]["config_json"]
+    assert mindie["ScheduleConfig"] == render("mindie", exported.knobs)["config"]["ScheduleConfig"]
+    # MindIE is started with its sequence and input limits sized to the scenario's longest request.
+    workload = small_scenario().workload
+    assert mindie["ModelDeployConfig"] == {"maxSeqLen": workload.input_tokens.bounds[1] + workload.output_tokens.bounds[1],
+                                           "maxInputTokenLen": workload.input_tokens.bounds[1]}
     assert exported.study == STUDY and exported.runner == "sim" and exported.hardware == "ascend-910b2"
     assert exported.sla["ttft_p99_ms"] == 500
 

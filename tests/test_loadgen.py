@@ -51,3 +51,16 @@ def test_every_arrival_process_serves_every_request(arrival, llama_server, tiny_
         assert max(np.cumsum([step for _, step in events])) <= 3
     else:  # open loop: sends follow the planned arrival times, not the server
         assert np.allclose(m.send_s - m.send_s[0], planned.arrival_s, atol=0.05)
+
+
+@pytest.mark.parametrize("arrival", [{"kind": "poisson", "rate": 2.0}, {"kind": "gamma", "rate": 10.0, "burstiness": 0.3}])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_load_offers_exactly_its_stated_rate(arrival, seed):
+    """A draw's own mean rate misses the stated one (seed 0's 200 arrivals at 2/s spanned 112.6 s
+    before): the load is rescaled so that 200 requests at 2/s span 99.5 s."""
+    data = engine_scenario(requests=200).model_dump(mode="json")
+    data["workload"] |= {"arrival": arrival, "seed": seed}
+    requests = make_requests(type(engine_scenario()).model_validate(data).workload)
+    assert requests.arrival_s[0] == 0.0
+    assert requests.arrival_s[-1] == pytest.approx(199 / arrival["rate"], rel=1e-9)
+    assert np.all(np.diff(requests.arrival_s) >= 0)

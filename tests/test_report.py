@@ -64,6 +64,9 @@ def test_report_renders_in_headless_chromium_offline(study_dir: Path, tmp_path: 
     assert dom.count('class="main-svg"') >= 5 * 2, dom[:500]
     assert "TTFT p99 against throughput" in dom and "Latency against throughput" in dom
     assert "Exported config: trial" in dom
+    # The answer leads (the recommended config, its quality, the ladder, the Pareto plot); the raw YAML comes last.
+    assert dom.index("recommended") < dom.index("Quality ladder") < dom.index("TTFT p99 against throughput") \
+        < dom.index("Exported config: trial")
     console = [line for line in shown.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console  # no error, no warning, nothing logged by the page
     events = json.loads(netlog.read_text())["events"]
@@ -102,6 +105,65 @@ def test_report_command_and_its_bad_input(study_dir: Path, tmp_path: Path):
     assert not (tmp_path / "best-config.report.html").exists()
     refused("--storage", "sqlite:///f.db", "-o", "f.html", expected="no completed trial")
     assert not (tmp_path / "f.html").exists()
+
+
+def _tick_values(dom: str, title: str, axis: str) -> list[float]:
+    """The decades a log axis of the plot titled `title` shows, read from the rendered page (its
+    minor ticks, labelled 2 and 5 within a decade, left out)."""
+    import math
+    import re
+
+    plot = next(part for part in dom.split('class="plot"') if title in part)
+    labels = re.findall(rf'class="{axis}tick"><text[^>]*data-unformatted="([^"]*)"', plot)
+    scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    values = []
+    for label in labels:
+        number = re.fullmatch(r"([0-9.]+)([kMGT]?)", label.replace("\u2212", "-"))
+        assert number, f"{title}: {axis} axis tick {label!r}"  # e.g. 10<sup>198</sup>
+        value = float(number[1]) * scale[number[2]]
+        if value > 0 and math.log10(value).is_integer():
+            values.append(value)
+    assert values, f"{title}: no {axis} axis ticks"
+    return values
+
+
+def test_log_axes_span_the_measured_values(tmp_path: Path):
+    """A real study under a 200 ms SLA (what stretched a real llama-server study's log axes to
+    1e198: the SLA line's label), plus a trial whose TTFT p99 is infinite and front steps at
+    zero and infinite TTFT, as an engine that served nothing reports them: the TTFT axes of the
+    Pareto and latency-curve plots, read from the page Chromium rendered, stay within the
+    measured values."""
+    import math
+
+    import yaml
+
+    from tests.conftest import small_scenario
+
+    data = small_scenario(requests=100).model_dump(mode="json") | {"name": "strict"}
+    data["sla"]["ttft_p99_ms"] = 200
+    (tmp_path / "strict.yaml").write_text(yaml.safe_dump(data))
+    assert run_autotune("--scenario", "strict.yaml", "--trials", "6", "--no-html", cwd=tmp_path).returncode == 0
+    study = optuna.load_study(study_name="strict.sim.mindie.qwen2-7b.ascend-910b2", storage=f"sqlite:///{tmp_path / 'studies.db'}")
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    best = max((t for t in done if is_feasible(t.constraints)), key=lambda t: t.values[1])
+    steps = best.user_attrs["capacity_steps"] + [
+        {"rate": 1000.0, "ttft_p99_ms": math.inf, "output_tokens_per_s": 10.0, "meets_sla": False},
+        {"rate": 0.01, "ttft_p99_ms": 0.0, "output_tokens_per_s": 1.0, "meets_sla": True}]
+    for values, attrs, constraints in (
+            ([best.values[0], best.values[1] * 2], {"capacity_steps": steps}, list(best.constraints.values())),
+            ([math.inf, 0.0], {}, [1.0] * len(best.constraints))):
+        study.add_trial(optuna.trial.create_trial(values=values, params=best.params, distributions=best.distributions,
+                                                  user_attrs=best.user_attrs | attrs, system_attrs={"constraints": constraints}))
+    assert run_autotune("report", "-o", "r.html", cwd=tmp_path).returncode == 0
+    shown = subprocess.run([_chromium(), *CHROMIUM_FLAGS, "--dump-dom", (tmp_path / "r.html").as_uri()],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    finite = [t.values[0] for t in done] + [200] + [s["ttft_p99_ms"] for s in best.user_attrs["capacity_steps"]
+                                                   if s.get("ttft_p99_ms") is not None]
+    for title, axis in (("TTFT p99 against throughput", "x"), ("Latency against throughput", "y")):
+        ticks = _tick_values(shown.stdout, title, axis)
+        assert min(finite) / 10 <= min(ticks) and max(ticks) <= max(finite) * 10, (title, ticks)
+    assert "1 not drawn: TTFT p99 infinite or zero" in shown.stdout
 
 
 def _free_port() -> int:
@@ -144,3 +206,39 @@ def test_optuna_dashboard_shows_sla_feasibility(study_dir: Path):
     assert any(all(c <= 0 for c in t["constraints"]) for t in trials.values())
     assert any(any(c > 0 for c in t["constraints"]) for t in trials.values())
     assert shown.get("objective_names") == ["ttft_p99_ms", "capacity_output_tokens_per_s"]  # set_metric_names
+
+
+def _screened_trial(values: tuple[float, float] | None, constraints: list[float] | None, predicted: float,
+                    fault: str | None = None) -> optuna.trial.FrozenTrial:
+    attrs = {"screen": {"round": 1, "predicted_ttft_p99_ms": 50.0, "predicted_throughput": predicted}}
+    if fault is not None:
+        return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=attrs | {"fault": fault})
+    named = dict(zip(("ttft_p99", "success_rate"), constraints))
+    return optuna.trial.create_trial(values=list(values), user_attrs=attrs | {"sla_constraints": named},
+                                     system_attrs={"constraints": constraints})
+
+
+def test_screen_chart_shows_every_pick_with_misses_and_failures_marked():
+    """A --screen study's real trials: one met the SLA, one missed it, one failed to serve, and
+    one was not screened. The chart holds the three picks, each in its own marked group, the
+    failed one drawn at zero measured throughput with its cause."""
+    from objectives.scenario import load_scenario
+    from tuner.report import screen_figure
+
+    study = optuna.create_study(directions=["minimize", "maximize"])
+    study.add_trial(_screened_trial((80.0, 900.0), [-0.2, 0.0], predicted=1000.0))
+    study.add_trial(_screened_trial((450.0, 300.0), [1.25, 0.0], predicted=2000.0))
+    study.add_trial(_screened_trial(None, None, predicted=3000.0, fault="engine exited during the load"))
+    study.add_trial(optuna.trial.create_trial(values=[70.0, 950.0], system_attrs={"constraints": [-0.1, 0.0]}))
+    fig = screen_figure(study, load_scenario("customer-service"))
+    groups = {trace.name: trace for trace in fig.data if trace.mode == "markers"}
+    meets = next(t for name, t in groups.items() if name.startswith("meets"))
+    misses = next(t for name, t in groups.items() if name.startswith("misses"))
+    failed = next(t for name, t in groups.items() if name.startswith("failed"))
+    assert (list(meets.x), list(meets.y)) == ([1000.0], [900.0])
+    assert (list(misses.x), list(misses.y)) == ([2000.0], [300.0])
+    assert (list(failed.x), list(failed.y)) == ([3000.0], [0.0])
+    assert "ttft_p99 +125%" in misses.text[0]
+    assert "engine exited during the load" in failed.text[0]
+    assert len({meets.marker.symbol, misses.marker.symbol, failed.marker.symbol}) == 3
+    assert "3 picks, 1 met the SLA, 1 missed it, 1 failed" in fig.layout.title.text

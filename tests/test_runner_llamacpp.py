@@ -14,17 +14,22 @@ import sys
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import optuna
 import pytest
 import yaml
 
 from runners.llamacpp import LlamaCppRunner, LlamaCppSettings
+from runners.process import EngineProcess, choose_port, http_ready, tail
+from runners.prompts import PromptMaker, load_tokenizer
 from runners.workload import make_requests
 from tests.conftest import engine_scenario, run_autotune
-from tests.runner_contract import RunnerContract
+from tests.runner_contract import RunnerContract, assert_throughput_within_the_load
 from tests.test_process import _alive, _wait_gone
+from tuner.export import load_export
 
 GGUF_FILE_TYPES = {"bf16": "BF16", "w8a8": "Q8_0", "w4a16": "Q4_0"}
 
@@ -113,16 +118,67 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(llama_server, 
         assert facts["kv_type"] == ("q8_0" if trial.params["kv_compression"] == 0.5 else "f16")
         attrs = trial.user_attrs
         assert attrs["requests_ok"] == scenario.workload.num_requests
-        assert attrs["output_tokens_per_s"] * attrs["duration_s"] == pytest.approx(planned.output_tokens.sum())
-        assert attrs["total_tokens_per_s"] * attrs["duration_s"] == pytest.approx(
-            planned.output_tokens.sum() + planned.input_tokens.sum())
+        assert_throughput_within_the_load(attrs, planned)
         assert attrs["ttft_p99_ms"] == trial.values[0]
+
+
+def _metric(text: str, name: str) -> float:
+    """A counter of llama-server's Prometheus /metrics."""
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_llama_server_started_from_an_export_serves_the_longest_request_on_every_slot(
+        llama_server, tiny_model, tmp_path, gguf_cache):
+    """What a user deploys is what was measured: llama-server started from a study's export
+    (its `server_args`, plus the host, port and GGUF path a deployer supplies) sets up the
+    slots, per-slot context and threads the trial's engine reported, and holds the scenario's
+    longest request (96-token prompt, 24-token answer) on all 64 slots at once. Started from the
+    knobs' flags alone (what the export held before), this llama-server gave each slot the
+    model's whole 4,096-token context (measured here), not the 256 the trial ran with."""
+    data = engine_scenario().model_dump(mode="json") | {"load": {"mode": "fixed"}}
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
+        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
+    slots, prompt, answer = 64, 96, 24
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
+        "batch_size": {"value": slots}, "max_prefill_tokens": {"value": 256}, "quantization": {"value": "w8a8"},
+        "kv_compression": {"value": 0.5}}}))
+    done = run_autotune("--scenario", "scenario.yaml", "--runner", "llamacpp", "--runner-config", "runner.yaml",
+                        "--space", "space.yaml", "--trials", "1", "--storage", f"sqlite:///{tmp_path / 's.db'}",
+                        "--no-html", cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr
+    exported = load_export(tmp_path / "best-config.yaml")
+    args = exported.native["llamacpp"]["server_args"]
+    assert args[args.index("-t") + 1] == "1"  # the runner config's threads: part of what was measured
+    gguf = make_runner(llama_server, tiny_model, tmp_path, gguf_cache).gguf("w8a8")
+    assert exported.native["llamacpp"]["gguf_type"] == "Q8_0" == gguf.stem
+    port = choose_port(None)
+    argv = [str(llama_server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--metrics", *args]
+    prompts = PromptMaker(load_tokenizer(tiny_model, "tokenizer")).make([prompt] * slots, seed=5)
+    base = f"http://127.0.0.1:{port}"
+    with EngineProcess(argv, dict(os.environ), tmp_path / "deployed.log", grace_s=5) as engine:
+        engine.wait_ready(http_ready(f"{base}/health"), 60)
+        with httpx.Client(timeout=120) as client, ThreadPoolExecutor(slots) as pool:
+            body = lambda text: {"prompt": text, "max_tokens": answer, "ignore_eos": True}  # noqa: E731
+            replies = list(pool.map(lambda text: client.post(f"{base}/v1/completions", json=body(text)), prompts))
+            counters = client.get(f"{base}/metrics").text
+    setup = re.compile(r"n_slots = \d+, n_ctx_slot = \d+|n_threads = \d+")
+    trial_log = Path(optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 's.db'}")
+                     .trials[0].user_attrs["runner_engine_log"]).read_text()
+    deployed_log = (tmp_path / "deployed.log").read_text()
+    assert set(setup.findall(deployed_log)) == set(setup.findall(trial_log)) == {
+        f"n_slots = {slots}, n_ctx_slot = 256", "n_threads = 1"}  # -c 7,680 over 64 slots, padded to 256
+    failed = [r.text[:200] for r in replies if r.status_code != 200]
+    assert not failed, (len(failed), failed[0], tail(tmp_path / "deployed.log"))
+    assert [r.json()["usage"]["completion_tokens"] for r in replies] == [answer] * slots
+    assert all(r.json()["usage"]["prompt_tokens"] >= prompt for r in replies)
+    assert _metric(counters, "llamacpp:tokens_predicted_total") == slots * answer  # the server's own count
 
 
 def test_early_rejection_stops_the_load_and_keeps_partial_metrics(llama_server, tiny_model, tmp_path, gguf_cache):
     scenario = engine_scenario(requests=120, rate=40.0, ttft_ms=1.0)
     runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
-    m = runner.run({**GOOD, "batch_size": 1}, scenario.workload, scenario.sla)
+    m = runner.run({**GOOD, "batch_size": 1}, scenario.workload, scenario.sla, stop_early=True)
     assert m.fault is not None and m.fault.kind == "sla-violated"
     assert "certainly broken" in m.fault.message
     assert 0 < m.sent < scenario.workload.num_requests  # stopped before sending everything
@@ -188,8 +244,7 @@ def test_engine_killed_mid_trial_is_a_crash_with_its_log(llama_server, tiny_mode
 
 
 def test_hung_engine_stalls_requests_and_is_killed(llama_server, tiny_model, tmp_path, gguf_cache):
-    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, request_timeout_s=2, stop_grace_s=1,
-                         early_rejection=False)
+    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, request_timeout_s=2, stop_grace_s=1)
     freezer = _during_load(tmp_path / "logs", lambda pid: os.kill(pid, signal.SIGSTOP))
     m = runner.run(GOOD, engine_scenario(requests=40).workload)
     freezer.join()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 import re
 import sqlite3
 from pathlib import Path
@@ -14,8 +15,9 @@ import yaml
 from runners.sim.profiles import load_hardware
 from runners.vllm import VLLMRunner
 from runners.workload import make_requests
-from tests.conftest import engine_scenario, run_autotune
-from tests.runner_contract import RunnerContract
+from tests.conftest import calibrate_summary, engine_scenario, run_autotune
+from tests.runner_contract import RunnerContract, assert_throughput_within_the_load
+from tests.test_engine_rules import VLLM_REFUSES
 
 
 def vllm_settings(python: Path, model: Path, logs: Path) -> dict:
@@ -95,31 +97,60 @@ def test_four_trial_study_on_real_vllm(vllm_study: Path):
         assert args["max_num_seqs"] == trial.params["batch_size"]
         assert args["enable_chunked_prefill"] == (trial.params["select_batch"] == "decode-first")
         assert args.get("kv_cache_dtype", "auto") == ("fp8" if trial.params["kv_compression"] == 0.5 else "auto")
-        # The recorded numbers are the requests sent: all of them, token for token.
+        # The recorded numbers are the requests sent: all of them, within the time they took.
         assert attrs["requests_ok"] == attrs["ttft_samples"] == scenario.workload.num_requests
-        out_tokens = attrs["output_tokens_per_s"] * attrs["duration_s"]
-        assert out_tokens == pytest.approx(planned.output_tokens.sum())
+        assert_throughput_within_the_load(attrs, planned)
         assert attrs["runner_start_s"] > 0 and attrs["runner_stop_s"] >= 0
     with sqlite3.connect(db) as con:
         assert con.execute("select count(*) from autotune_pareto_snapshots").fetchone()[0] == 1
 
 
 def test_calibrate_on_real_vllm_trials(vllm_study: Path, tiny_model: Path):
-    """`profile-hardware` on this CPU, then `calibrate` on the study's real vLLM trials: the
-    simulator with vLLM's scheduler gets closer to what vLLM measured, and says by how much."""
+    """`profile-hardware` on this CPU, then `calibrate` on the study's real vLLM trials: it fits
+    on every load, and separately on trials 0 and 2 to score trials 1 and 3 (held out), and
+    prints both. No fitted metric's median error ends worse than where it started: the fit keeps
+    the start rather than trade one metric away (the old fit took TTFT p50 from 56% to 192% off on
+    a real study). That held-out error drops is shown on simulator-made data in
+    test_sim_fidelity.py, where the truth is known; not asked here, where it is not a property of
+    the data: on 2 shared cores the same rate's TPOT p50 measured 0.16-0.3 ms for trials 1 and 3
+    and 2.6 ms for 0 and 2, and of four fits here the held-out TPOT median went 88% -> 55%,
+    93% -> 95%, 93% -> 88% and 135% -> 289%."""
     assert run_autotune("profile-hardware", "--model", str(tiny_model), "-o", "cpu.yaml", cwd=vllm_study,
                         timeout=240).returncode == 0
     done = run_autotune("calibrate", "--storage", "sqlite:///studies.db", "--hardware", "cpu.yaml",
-                        "--iterations", "30", "-o", "calibrated.yaml", cwd=vllm_study, timeout=600)
+                        "--iterations", "30", "-o", "calibrated.yaml", cwd=vllm_study, timeout=900)
     assert done.returncode == 0, done.stderr
-    before, after = map(float, re.search(r"mean \|log error\| ([\d.]+) -> ([\d.]+)", done.stdout).groups())
-    assert after < before
-    for metric in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s"):
-        assert metric in done.stdout
+    summary = calibrate_summary(done.stdout)
+    assert set(summary) == {"ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s"}, done.stdout
+    for metric in ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s"):
+        before, after, held_before, held_after = summary[metric]
+        assert after <= before, (metric, done.stdout)
+        assert math.isfinite(held_before) and math.isfinite(held_after), (metric, done.stdout)
+    assert re.search(r"held out: \d+ loads of trials 1, 3, scored by a fit on the other \d+ loads", done.stdout)
     calibrated = load_hardware(str(vllm_study / "calibrated.yaml"))
-    assert calibrated.decode_step_overhead_ms.source == "measured"
-    assert "calibrated" in calibrated.decode_step_overhead_ms.note and "calibrated" in calibrated.description
+    assert calibrated.decode_step_overhead_ms.source == "calibrated" or "no fit beat the start" in done.stdout
+    assert "calibrated" in calibrated.description
     assert calibrated.bandwidth_tbs == load_hardware(str(vllm_study / "cpu.yaml")).bandwidth_tbs  # a device figure
+
+
+class _UncheckedVLLM(VLLMRunner):
+    """The vllm runner with autotune's refusal rules switched off, to ask vLLM itself."""
+
+    def violations(self, config, workload):
+        return []
+
+
+@pytest.mark.parametrize("case", sorted(VLLM_REFUSES))
+def test_vllm_itself_refuses_what_the_shared_rule_refuses(case: str, vllm_python, tiny_model, tmp_path):
+    """The rule search_spaces.engines applies to the vllm runner and the simulator alike, checked
+    against the real vLLM: started anyway, it exits with its own reason."""
+    knobs, _ = VLLM_REFUSES[case]
+    settings = VLLMRunner.settings_model.model_validate(vllm_settings(vllm_python, tiny_model, tmp_path / "logs"))
+    workload = engine_scenario(requests=2).workload
+    assert VLLMRunner(settings, hardware="cpu").violations(knobs, workload)
+    m = _UncheckedVLLM(settings, hardware="cpu").run(knobs | {"quantization": "bf16"}, workload)
+    assert m.fault is not None and m.fault.kind in ("start", "crash"), m.fault
+    assert "max_num_batched_tokens (100)" in m.fault.log_tail, m.fault.log_tail[-2000:]
 
 
 def test_online_quantization_loads_the_bf16_model_with_the_method(tiny_model, tmp_path):

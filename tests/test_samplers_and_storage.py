@@ -14,7 +14,7 @@ from objectives.scoring import is_feasible
 from objectives.userfile import InputError
 from runners.sim.runner import SimRunner
 from search_spaces.space import SearchSpace
-from tests.conftest import run_autotune, small_scenario
+from tests.conftest import require_module, run_autotune, small_scenario
 from tuner.samplers import SAMPLERS, describe, make_sampler
 from tuner.storage import latest_snapshot, open_storage
 from tuner.study import StudyRun, create_study, optimize, snapshot
@@ -37,7 +37,7 @@ def _run(storage_url: str, sampler: str, name: str, trials: int = 6):
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_runs(sampler: str, tmp_path: Path):
     if sampler == "gp":
-        pytest.importorskip("torch", reason="GPSampler needs the gp extra")
+        require_module("torch", "GPSampler needs the gp extra")
     # Past the 10 startup trials of TPE and GP, so their models are fitted (GP then needs SciPy).
     trials = 6 if sampler in ("random", "grid", "nsga2") else 12
     study, _, run = _run(f"sqlite:///{tmp_path / 's.db'}", sampler, "s", trials=trials)
@@ -79,7 +79,7 @@ def test_postgres_storage_keeps_trials_and_front():
 
 
 def test_auto_is_gp_for_real_engines_where_torch_and_scipy_are_installed(monkeypatch):
-    pytest.importorskip("torch", reason="GPSampler needs the gp extra")
+    require_module("torch", "GPSampler needs the gp extra")
     space = SearchSpace.load("mindie")
     assert isinstance(make_sampler("auto", 0, space, 50, simulated=False), optuna.samplers.GPSampler)
     assert describe("auto", simulated=False).startswith("gp (auto: a real engine's trials are costly")

@@ -78,14 +78,19 @@ def test_prefill_batch_runs_within_the_batch_size_in_a_static_space():
     the batch size (MindIE's maxPrefillBatchSize <= maxBatchSize)."""
     space = SearchSpace.load("mindie")
     study = optuna.create_study(directions=["minimize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
-    clamped = 0
+    clamped, proposals = 0, []
     for _ in range(40):
         trial = study.ask()
         config = space.suggest(trial)
-        assert study.sampler.__class__ is optuna.samplers.RandomSampler
         assert trial.distributions["max_prefill_batch_size"].high == 64  # never narrowed by the batch size
         assert config["max_prefill_batch_size"] == min(trial.params["max_prefill_batch_size"], config["batch_size"])
         clamped += trial.params["max_prefill_batch_size"] > config["batch_size"]
+        proposals.append((trial.params["batch_size"], trial.params["max_prefill_batch_size"]))
         assert not space.violations(config, small_scenario().workload)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
     assert clamped > 0
+    # The sampler's proposals reach both ends of 1..64 whatever the batch size: even with a
+    # small batch a large prefill batch is proposed (then run as the batch size).
+    prefill = [p for _, p in proposals]
+    assert min(prefill) <= 2 and max(prefill) >= 32
+    assert any(batch < 8 and p >= 32 for batch, p in proposals)

@@ -1,4 +1,11 @@
-"""The simulator's physics and MindIE's scheduling rules, checked on the simulator itself."""
+"""The simulator's physics and the scheduling rules it implements, checked on the simulator itself.
+
+MindIE's select-batch rule the simulator implements is the one written down, from MindIE's
+scheduler source, in ../shared/reference/engines.md ("What supportSelectBatch does"): with
+requests waiting, prefill_cost = prefillTimeMsPerReq x running; decode_waste +=
+decodeTimeMsPerReq x (maxBatchSize - running); decode while prefill_cost > decode_waste, else
+prefill and reset decode_waste. The select-batch tests below check consequences of that rule
+on the simulator; they are not measurements of a real MindIE."""
 
 from __future__ import annotations
 
@@ -134,7 +141,8 @@ def test_chunked_prefill_respects_token_budget_and_mixes_decodes():
 
 
 def test_select_batch_batches_prefills_that_prefill_first_runs_one_by_one():
-    """What supportSelectBatch is for: under load it holds prefills back so that several
+    """The simulator's select-batch rule (engines.md, above) holds prefills back while the
+    running requests' prefill cost outweighs the idle slots' waste, so under load several waiting
     requests share one prefill step, where prefill-first pauses the decoders for each."""
     sc = small_scenario(requests=300)
     wl = closed(sc, 40, requests=300)
@@ -146,8 +154,9 @@ def test_select_batch_batches_prefills_that_prefill_first_runs_one_by_one():
 
 
 def test_select_batch_without_decode_weight_waits_for_the_batch_to_drain():
-    """decodeTimeMsPerReq = 0: idle slots never outweigh the running requests' prefill cost,
-    so a waiting request is prefilled only when nothing is decoding."""
+    """decodeTimeMsPerReq = 0 in the rule (engines.md, above): decode_waste stays 0, so
+    prefill_cost > decode_waste whenever anything runs, and a waiting request is prefilled only
+    when nothing is decoding."""
     sc = small_scenario(requests=200)
     sim, m = simulate(SimRunner(), dict(batch_size=16, max_prefill_batch_size=16, select_batch="decode-first",
                                         decode_time_ms_per_req=0), closed(sc, 40, requests=200), trace=True)
@@ -157,6 +166,8 @@ def test_select_batch_without_decode_weight_waits_for_the_batch_to_drain():
 
 
 def test_select_batch_without_prefill_weight_is_prefill_first():
+    """prefillTimeMsPerReq = 0 in the rule (engines.md, above): prefill_cost is 0, never above
+    decode_waste, so every step with requests waiting prefills, as prefill-first does."""
     sc = small_scenario(requests=300)
     wl = sc.workload.model_copy(update={"arrival": Poisson(kind="poisson", rate=5.0)})
     runner = SimRunner()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 import optuna
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,11 +21,14 @@ from objectives.scoring import throughput_label
 from objectives.userfile import InputError
 from runners.base import RUNNERS
 from tuner import __version__
+from tuner import flags
 from tuner import nightly as night
 from tuner.console import err, out
 from tuner.export import build_export, load_export, write_export
 from tuner.outputs import write_atomic
+from tuner.ladder import print_quality
 from tuner.prepare import Prepared, check_outputs, prepare, report_outputs
+from tuner.quality import describe_figures, quality_summary
 from tuner.report import write_report
 from tuner.samplers import SAMPLERS
 from tuner.screen import SCREENS
@@ -54,7 +58,7 @@ def _front_table(title: str, rows: list[dict], best: int | None, scenario: Scena
         columns.append("capacity " + ("in flight" if scenario.closed_loop else "req/s"))
     if capacity and peak:
         columns.append(f"instances @{peak:g}/s")
-    columns += ["batch", "first", "prefill tok", "quant", "kv", "p99 n"]
+    columns += ["batch", "first", "prefill tok", "quant", "kv", "quality", "p99 n"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
@@ -68,7 +72,7 @@ def _front_table(title: str, rows: list[dict], best: int | None, scenario: Scena
             cells.append(str(m.get("instances_for_peak") or "-"))
         cells += [str(p.get("batch_size", "")), str(p.get("select_batch", "")).removesuffix("-first"),
                   str(p.get("max_prefill_tokens", "")), str(p.get("quantization", "")), str(p.get("kv_compression", "")),
-                  str(m.get("ttft_samples", ""))]
+                  describe_figures(m), str(m.get("ttft_samples", ""))]
         table.add_row(*cells)
     return table
 
@@ -76,7 +80,7 @@ def _front_table(title: str, rows: list[dict], best: int | None, scenario: Scena
 def _snapshot_rows(snap) -> list[dict]:
     return [
         {"trial": m.trial_number, "ttft_p99_ms": m.ttft_p99_ms, "output_tokens_per_s": m.output_tokens_per_s,
-         "params": m.params, "metrics": m.metrics}
+         "params": m.params, "quality": quality_summary(m.metrics), "metrics": m.metrics}
         for m in snap.members
     ]
 
@@ -85,7 +89,7 @@ def _export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, path: Pa
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     exported = build_export(study.study_name, trial.number, scenario.name, scenario.sla.model_dump(),
                             study.user_attrs["identity"], trial_knobs(study, trial), dict(trial.user_attrs),
-                            scenario.load.peak_rate)
+                            scenario.load.peak_rate, workload=scenario.workload)
     write_export(path, exported)
 
 
@@ -106,9 +110,9 @@ TUNE_OPTIONS = {
     "engine_cmd": click.option("--engine-cmd", help="the engine's executable (vllm, llama-server, ...) or the Python of vLLM's venv"),
     "runner_config": click.option("--runner-config", type=click.Path(path_type=Path), help="YAML of runner settings (engine command, weights, env, ports, timeouts)"),
     "space": click.option("--space", "space_path", type=click.Path(path_type=Path), help="YAML narrowing the knob ranges"),
-    "trials": click.option("--trials", type=click.IntRange(min=1), default=50, show_default=True),
-    "timeout": click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="stop starting trials after S seconds"),
-    "seed": click.option("--seed", type=int, default=0, show_default=True),
+    "trials": click.option("--trials", type=flags.COUNT, default=50, show_default=True),
+    "timeout": click.option("--timeout", "timeout_s", type=flags.SECONDS, help="stop starting trials after S seconds"),
+    "seed": click.option("--seed", type=flags.SEED, default=0, show_default=True),
     "sampler": click.option("--sampler", default="auto", show_default=True,
                             help=f"one of: {', '.join(SAMPLERS)} (auto: gp for real engines where PyTorch and "
                                  "SciPy are installed, tpe otherwise and on the simulator)"),
@@ -122,9 +126,14 @@ TUNE_OPTIONS = {
     "screen": click.option("--screen", type=click.Choice(SCREENS),
                            help="real runners: let the simulator screen candidates; only the most promising run for real"),
     "screen_hardware": click.option("--screen-hardware", help="with --screen: the hardware profile to simulate with (recalibrated as real trials arrive)"),
-    "screen_trials": click.option("--screen-trials", type=click.IntRange(min=1), default=40, show_default=True,
+    "screen_trials": click.option("--screen-trials", type=flags.COUNT, default=40, show_default=True,
                                   help="with --screen: simulated candidates per real trial"),
-    "heartbeat": click.option("--heartbeat", "heartbeat_s", type=click.IntRange(min=1), default=HEARTBEAT_S, show_default=True,
+    "quality": click.option("--quality", "quality_path", type=click.Path(path_type=Path),
+                            help="YAML quality table: accuracy drop (and KL, top-1) per precision and KV setting, "
+                                 "each with its source (default: the shipped table of the model, if any)"),
+    "quality_prompts": click.option("--quality-prompts", "quality_prompts_path", type=click.Path(path_type=Path),
+                                    help="real runners: the text the quality measurement feeds (default: the shipped set)"),
+    "heartbeat": click.option("--heartbeat", "heartbeat_s", type=flags.HEARTBEAT_SECONDS, default=HEARTBEAT_S, show_default=True,
                  help="seconds between a running trial's heartbeats; 3 missed ones fail it as stale"),
 }
 
@@ -143,9 +152,10 @@ def nightly_options(f):
 
 def tune(p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None) -> list[TrialReport]:
     for note in p.space.notes:
-        err.print(f"[dim]note: {note}[/dim]")
-    run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage, screen=p.screen)
-    err.print(f"study [bold]{p.study.study_name}[/bold]: {len(p.study.trials)} earlier trials; sampler {p.sampler}")
+        err.print(f"[dim]note: {escape(note)}[/dim]")
+    run = StudyRun(p.study, p.scenario, p.space, p.runner, p.storage, screen=p.screen, quality=p.quality)
+    err.print(f"study [bold]{escape(p.study.study_name)}[/bold]: {len(p.study.trials)} earlier trials; "
+              f"sampler {escape(p.sampler)}")  # the sampler's hint names pip's extra: '.[gp]' is no markup
     columns = (TextColumn("trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task("best feasible: none yet", total=trials)
@@ -161,7 +171,7 @@ def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
     """The report of a run or a night; none while the study has no measured trial to show."""
     if "--html" in outputs and p.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         write_report(p.study, p.storage.engine, outputs["--html"])
-        out.print(f"report: {outputs['--html']}")
+        out.print(f"report: {outputs['--html']}", markup=False)
 
 
 def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) -> None:
@@ -175,15 +185,17 @@ def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) ->
               for status in ("feasible", "violates-sla", "infeasible", "fail")}
     out.print(_front_table(f"SLA-feasible Pareto front of {study.study_name} (TTFT p99 <= {scenario.sla.ttft_p99_ms:g} ms)",
                            _snapshot_rows(snap), snap.best_trial, scenario))
-    out.print(f"{len(reports)} trials this run: {counts['feasible']} met the SLA, {counts['violates-sla']} missed it, "
-              f"{counts['infeasible']} could not run, {counts['fail']} failed; {len(study.trials)} in the study")
+    slo = " and the quality SLO" if scenario.quality else ""
+    out.print(f"{len(reports)} trials this run: {counts['feasible']} met the SLA{slo}, {counts['violates-sla']} missed "
+              f"it, {counts['infeasible']} could not run, {counts['fail']} failed; {len(study.trials)} in the study")
+    print_quality(study, p.quality)
     write_html(p, outputs)
     best = best_trial(study, scenario)
     if best is None:
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
         sys.exit(EXIT_NO_FEASIBLE)
     _export_trial(study, best, export_path)
-    out.print(f"best: trial {best.number} ({scenario.pick}) -> {export_path}")
+    out.print(f"best: trial {best.number} ({scenario.pick}) -> {export_path}", markup=False)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -220,9 +232,12 @@ def _storage_option(f):
 
 @cli.command("nightly")
 @nightly_options
-@click.option("--budget", type=click.IntRange(min=1), default=20, show_default=True, help="new trials tonight")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="measurements of incumbent and candidate")
-@click.option("--min-gain", type=click.FloatRange(min=0), default=0.02, show_default=True, help="smallest relative gain that promotes")
+@click.option("--budget", type=flags.COUNT, default=20, show_default=True, help="new trials tonight")
+@click.option("--repeats", type=flags.COUNT, default=3, show_default=True, help="measurements of incumbent and candidate")
+@click.option("--min-gain", type=flags.FiniteRange(min=0),
+              help="smallest relative gain that promotes (default: the scenario's load.precision in capacity mode, "
+                   f"at least {night.MIN_GAIN:.0%}: the capacity search cannot tell apart configs closer than its "
+                   "precision, so a smaller gain would promote noise)")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="markdown report (default: beside --export)")
 @click.option("--promoted-exit", type=click.IntRange(0, 255), default=night.EXIT_PROMOTED, show_default=True,
               help="exit status of a promotion (0 for a Kubernetes Job, which fails on any other)")
@@ -237,12 +252,14 @@ def nightly_cmd(budget, repeats, min_gain, report_path, promoted_exit, timeout_s
     report_path = report_path or export_path.with_name(export_path.stem + ".nightly.md")
     outputs = report_outputs(export_path, html_path, no_html) | {
         "--report": report_path, "--export's .prev": export_path.with_name(export_path.name + ".prev")}
-    p = prepare(trials=budget, baseline_path=None, must_exist=True, outputs=outputs, **options)
-    engine, name = p.storage.engine, p.study.study_name
-    taken = night.acquire_lock(engine, name)
-    if taken:
-        err.print(f"note: {taken}")
-    try:
+    lock = night.StudyLock()
+    try:  # the lock is taken once the storage is open, before the night writes to the study
+        p = prepare(trials=budget, baseline_path=None, must_exist=True, outputs=outputs, before_writes=lock.take,
+                    **options)
+        if lock.note:
+            err.print(f"note: {lock.note}", markup=False)
+        engine, name = p.storage.engine, p.study.study_name
+        min_gain = night.default_min_gain(p.scenario) if min_gain is None else min_gain
         with night.lock_kept(engine, name):
             started = datetime.now(timezone.utc)
             inc = night.measure(p.runner, p.scenario, incumbent.knobs, repeats) if incumbent else None
@@ -257,7 +274,8 @@ def nightly_cmd(budget, repeats, min_gain, report_path, promoted_exit, timeout_s
             best = best_trial(p.study, p.scenario)
             cand = night.measure(p.runner, p.scenario, trial_knobs(p.study, best), repeats) if best else None
             decision = night.decide(p.scenario, inc, cand, min_gain)
-            # The night is on record before the deployed file changes.
+            # The night is on record before the deployed file changes, and only while its lock holds.
+            night.beat_lock(engine, name)
             night.record_night(engine, name, started, decision, inc, cand)
             if decision.outcome == "promoted":
                 if export_path.exists():
@@ -266,10 +284,10 @@ def nightly_cmd(budget, repeats, min_gain, report_path, promoted_exit, timeout_s
             write_atomic(report_path, night.report(name, started, decision, inc, cand, best.number if best else None))
             write_html(p, outputs)
     finally:
-        night.release_lock(engine, name)
+        lock.release()
     if decision.drift:
         err.print("[bold red]DRIFT: the deployed config no longer meets the SLA[/bold red]")
-    out.print(f"{decision.outcome}: {decision.reason} ({len(reports)} trials tonight; report {report_path})")
+    out.print(f"{decision.outcome}: {decision.reason} ({len(reports)} trials tonight; report {report_path})", markup=False)
     sys.exit({"promoted": promoted_exit, "unchanged": night.EXIT_UNCHANGED}.get(decision.outcome, night.EXIT_FAILED))
 
 
@@ -282,7 +300,7 @@ def _tokens(value: float | None) -> str:
 @click.option("--study", "study_name", help="only this study")
 def history(storage, study_name):
     """List past nightly runs."""
-    rdb = open_storage(storage, must_exist=True)
+    rdb = open_storage(storage, read_only=True)
     table = Table()
     for column in ("date", "study", "decision", "deployed tok/s", "candidate tok/s", "reason"):  # throughput objective
         table.add_column(column)
@@ -297,13 +315,14 @@ def history(storage, study_name):
 def scenarios():
     """List the scenario presets."""
     table = Table()
-    for column in ("scenario", "TTFT p99 SLA", "TPOT p99 SLA", "input tokens", "output tokens", "arrival"):
+    for column in ("scenario", "TTFT p99 SLA", "TPOT p99 SLA", "input tokens", "output tokens", "arrival", "quality SLO"):
         table.add_column(column, no_wrap=True)
     for name in preset_names():
         s = load_scenario(name)
-        w = s.workload
+        w, quality = s.workload, s.quality.model_dump(exclude_none=True) if s.quality else {}
         table.add_row(name, f"{s.sla.ttft_p99_ms:g} ms", f"{s.sla.tpot_p99_ms:g} ms" if s.sla.tpot_p99_ms else "-",
-                      "{}..{}".format(*w.input_tokens.bounds), "{}..{}".format(*w.output_tokens.bounds), w.arrival.kind)
+                      "{}..{}".format(*w.input_tokens.bounds), "{}..{}".format(*w.output_tokens.bounds), w.arrival.kind,
+                      ", ".join(f"{k} {v:g}" for k, v in quality.items()) or "-")
     out.print(table)
 
 
@@ -337,7 +356,7 @@ def report_cmd(storage, study_name, output_path):
     check_outputs({"-o": output_path, "-o's .png": output_path.with_suffix(".png")}, {"--storage": sqlite_file(storage)})
     study, rdb = load_study(storage, study_name)
     png = write_report(study, rdb.engine, output_path)
-    out.print(f"report: {output_path} (Pareto plot: {png})")
+    out.print(f"report: {output_path} (Pareto plot: {png})", markup=False)
 
 
 @cli.command("export")
@@ -360,7 +379,7 @@ def export_cmd(storage, study_name, trial_number, export_path):
             raise InputError(f"--trial: {trial_number} is not a completed trial of {study.study_name}")
         trial = done[trial_number]
     _export_trial(study, trial, export_path)
-    out.print(f"trial {trial.number} -> {export_path}")
+    out.print(f"trial {trial.number} -> {export_path}", markup=False)
 
 
 cli.add_command(profile_hardware_cmd)
@@ -375,7 +394,7 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except InputError as error:
-        err.print(f"autotune: error: {error}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"autotune: error: {' '.join(str(error).splitlines())}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except (click.exceptions.Abort, KeyboardInterrupt):
         err.print("autotune: interrupted; finished trials are kept", markup=False)

@@ -10,9 +10,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 import tuner
+from objectives.scenario import Workload
+from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
 from objectives.userfile import load_yaml
 from tuner.outputs import write_atomic
+from tuner.quality import quality_summary
 
 
 class ExportedConfig(BaseModel):
@@ -31,37 +34,51 @@ class ExportedConfig(BaseModel):
     knobs: dict[str, Any]
     native: dict[str, Any]
     capacity: dict[str, Any] | None = None  # what one instance sustains within the SLA
+    quality: dict[str, Any] | None = None  # what the precision and KV setting cost in accuracy, and its source
     metrics: dict[str, Any]
 
 
-def native_forms(knobs: dict[str, Any]) -> dict[str, Any]:
-    """MindIE's config.json fragment and the equivalent `vllm serve` and `llama-server` arguments."""
+def _mindie_form(knobs: dict[str, Any], workload: Workload, ran: list[str] | None) -> dict[str, Any]:
     mindie = render("mindie", knobs)
-    forms: dict[str, Any] = {
-        "mindie": {
-            "config_json": mindie.get("config", {}),
-            "weights_precision": mindie.get("weights", "bf16"),
-            **({"env": mindie["env"]} if "env" in mindie else {}),
-        }
-    }
-    try:
-        vllm = render("vllm", knobs)
-        forms["vllm"] = {"serve_args": vllm.get("args", []), "weights_precision": vllm.get("weights", knobs.get("quantization", "bf16"))}
-    except ValueError as error:
-        forms["vllm"] = {"not_expressible": str(error)}
-    precision = knobs.get("quantization", "bf16")
-    try:
-        if precision not in LLAMACPP_GGUF_TYPES:
-            raise ValueError(f"llama.cpp has no GGUF type for {precision}")
-        forms["llamacpp"] = {"server_args": render("llamacpp", knobs).get("args", []),
-                             "gguf_type": LLAMACPP_GGUF_TYPES[precision]}
-    except ValueError as error:
-        forms["llamacpp"] = {"not_expressible": str(error)}
+    config = mindie.get("config", {}) | {"ModelDeployConfig": mindie_model_deploy(workload.longest_prompt,
+                                                                                  workload.longest_request)}
+    return {"config_json": config, "weights_precision": mindie.get("weights", "bf16"),
+            **({"env": mindie["env"]} if "env" in mindie else {})}
+
+
+def _vllm_form(knobs: dict[str, Any], workload: Workload, ran: list[str] | None) -> dict[str, Any]:
+    return {"serve_args": vllm_args(knobs, workload) if ran is None else ran,
+            "weights_precision": knobs.get("quantization", "bf16")}
+
+
+def _llamacpp_form(knobs: dict[str, Any], workload: Workload, ran: list[str] | None) -> dict[str, Any]:
+    return {"server_args": llamacpp_args(knobs, workload) if ran is None else ran,
+            "gguf_type": LLAMACPP_GGUF_TYPES[knobs.get("quantization", "bf16")]}
+
+
+_FORMS = {"mindie": _mindie_form, "vllm": _vllm_form, "llamacpp": _llamacpp_form}
+
+
+def native_forms(knobs: dict[str, Any], workload: Workload, engine: str | None = None,
+                 engine_args: list[str] | None = None) -> dict[str, Any]:
+    """MindIE's config.json fragment and the `vllm serve` and `llama-server` arguments of a
+    config for the workload, rendered as the runners render them (search_spaces.engines), less
+    host, port and local paths. The trial's own `engine` keeps the `engine_args` it ran with
+    (its runner settings included: threads, extra arguments); an engine that would refuse the
+    config says why instead."""
+    forms: dict[str, Any] = {}
+    for name, form in _FORMS.items():
+        ran = engine_args if name == engine else None
+        refused = [] if ran is not None else violations(name, knobs, workload)
+        try:
+            forms[name] = {"not_expressible": "; ".join(refused)} if refused else form(knobs, workload, ran)
+        except ValueError as error:  # a knob value the engine has no setting for
+            forms[name] = {"not_expressible": str(error)}
     return forms
 
 
 # Trial attributes that are no measurement of the config (or too long for a deploy file).
-NOT_EXPORTED = ("knobs", "capacity_steps", "status")
+NOT_EXPORTED = ("knobs", "capacity_steps", "status", "engine_args")
 
 
 def capacity_summary(metrics: dict[str, Any], peak_rate: float | None) -> dict[str, Any] | None:
@@ -83,7 +100,9 @@ def capacity_summary(metrics: dict[str, Any], peak_rate: float | None) -> dict[s
 
 
 def build_export(study: str, trial: int, scenario: str, sla: dict, identity: dict[str, str],
-                 knobs: dict[str, Any], metrics: dict[str, Any], peak_rate: float | None = None) -> ExportedConfig:
+                 knobs: dict[str, Any], metrics: dict[str, Any], peak_rate: float | None = None, *,
+                 workload: Workload) -> ExportedConfig:
+    """`metrics` are the trial's attributes: its measurements and the engine arguments it ran with."""
     return ExportedConfig(
         autotune_version=tuner.__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -96,9 +115,11 @@ def build_export(study: str, trial: int, scenario: str, sla: dict, identity: dic
         model=identity["model"],
         hardware=identity["hardware"],
         knobs=knobs,
-        native=native_forms(knobs),
+        native=native_forms(knobs, workload, identity["engine"], metrics.get("engine_args")),
         capacity=capacity_summary(metrics, peak_rate),
-        metrics={key: value for key, value in metrics.items() if key not in NOT_EXPORTED},
+        quality=quality_summary(metrics),
+        metrics={key: value for key, value in metrics.items()
+                 if key not in NOT_EXPORTED and not key.startswith("quality_")},  # those are in `quality`
     )
 
 

@@ -26,11 +26,18 @@ from objectives.scoring import constraint_values, is_feasible, objective_values
 from runners.base import Runner
 from runners.capacity import evaluate
 from runners.process import pid_alive
-from tuner.storage import NightlyLock, NightlyRun
+from tuner.storage import NightlyLock, NightlyRun, has_table
 from tuner.study import WORKER, beating
 from objectives.userfile import InputError
 
 EXIT_UNCHANGED, EXIT_PROMOTED, EXIT_FAILED = 0, 10, 20
+MIN_GAIN = 0.02  # the smallest default margin: below it a win is a rounding of the figures
+
+
+def default_min_gain(scenario: Scenario) -> float:
+    """The margin a night asks of a candidate unless --min-gain says: in capacity mode at least
+    the search's precision, since two capacities closer than the final bracket are not told apart."""
+    return max(MIN_GAIN, scenario.load.precision) if scenario.load.mode == "capacity" else MIN_GAIN
 LOCK_STALE_AFTER = timedelta(minutes=30)  # no heartbeat for this long: the holder is gone
 
 
@@ -145,10 +152,38 @@ def acquire_lock(engine, study_name: str) -> str | None:
     return f"took over a stale nightly lock left by {old}"
 
 
+class LockLost(InputError):
+    """Another nightly run took this one's lock (its beats were missed): nothing more of this
+    night is recorded or promoted, the other run's is."""
+
+
 def beat_lock(engine, study_name: str) -> None:
+    """Renew the lock's heartbeat; LockLost when this process no longer holds it."""
     with Session(engine) as session, session.begin():
-        session.execute(update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER)
-                        .values(beat_at=datetime.now(timezone.utc)))
+        beaten = session.execute(
+            update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER)
+            .values(beat_at=datetime.now(timezone.utc))).rowcount
+        if beaten != 1:
+            lock = session.get(NightlyLock, study_name)
+            holder = f"is held by {lock.holder}" if lock is not None else "was released"
+            raise LockLost(f"the nightly lock of {study_name} {holder} while this night ran; "
+                           "this night records and promotes nothing")
+
+
+class StudyLock:
+    """The study's nightly lock, taken as soon as the storage is open (before the night writes
+    to the study) and released whatever happens after."""
+
+    def __init__(self) -> None:
+        self.engine, self.study_name, self.note = None, None, None
+
+    def take(self, storage, study_name: str) -> None:
+        self.note = acquire_lock(storage.engine, study_name)  # a note when a stale lock was taken over
+        self.engine, self.study_name = storage.engine, study_name
+
+    def release(self) -> None:
+        if self.engine is not None:
+            release_lock(self.engine, self.study_name)
 
 
 LOCK_BEAT_S = 60.0
@@ -157,7 +192,7 @@ LOCK_BEAT_S = 60.0
 def lock_kept(engine, study_name: str, every_s: float = LOCK_BEAT_S):
     """Beat the lock while the night runs: measuring on real engines takes longer than the
     stale limit, and a silent lock would be taken over by another host."""
-    return beating(lambda: beat_lock(engine, study_name), every_s, "autotune-nightly-lock")
+    return beating(lambda: beat_lock(engine, study_name), every_s, f"the nightly lock's heartbeat of {study_name}")
 
 
 def release_lock(engine, study_name: str) -> None:
@@ -177,6 +212,8 @@ def record_night(engine, study_name: str, started: datetime, decision: Decision,
 
 
 def nights(engine, study_name: str | None) -> list[NightlyRun]:
+    if not has_table(engine, NightlyRun.__tablename__):  # read-only commands create no table
+        return []
     query = select(NightlyRun).order_by(NightlyRun.id)
     if study_name:
         query = query.where(NightlyRun.study_name == study_name)

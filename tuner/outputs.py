@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -14,18 +15,44 @@ def _parent(path: Path) -> Path:
     return Path(os.path.abspath(path.expanduser())).parent
 
 
+def _check_existing(path: Path, flag: str) -> None:
+    """An output that exists must be a regular file (through a link too): the atomic write
+    replaces it, and replacing a device such as /dev/null, a pipe or a socket with a file
+    would break whatever uses it."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return  # a new file, or a link to nothing: written in its place
+    except OSError as error:  # e.g. a name longer than the filesystem allows
+        raise InputError(f"{flag}: {_shown(path)}: {error.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{flag}: {path} is a directory")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{flag}: {path} exists and is not a regular file (a device, pipe or socket); "
+                         "give a file path")
+
+
+def _shown(path: Path) -> str:
+    """A path short enough for one line of an error."""
+    text = str(path)
+    return text if len(text) <= 80 else f"{text[:40]}...{text[-20:]} ({len(path.name)}-character name)"
+
+
 def check_writable(path: Path, flag: str) -> None:
     """Fail before the study runs if `path` cannot be written, by creating (and removing) the
     temporary file the atomic write will use: permission bits alone lie for root and for
     filesystems such as /proc and /sys."""
     parent = _parent(path)
-    if not parent.is_dir():
+    try:
+        parent_is_dir = parent.is_dir()
+    except OSError as error:  # e.g. a folder name longer than the filesystem allows
+        raise InputError(f"{flag}: {_shown(parent)}: {error.strerror}") from None
+    if not parent_is_dir:
         nearest = next(p for p in [parent, *parent.parents] if p.exists())
         if not nearest.is_dir():
             raise InputError(f"{flag}: {nearest} is a file, not a directory")
         raise InputError(f"{flag}: directory {parent} does not exist")
-    if path.expanduser().is_dir():
-        raise InputError(f"{flag}: {path} is a directory")
+    _check_existing(path.expanduser(), flag)
     try:
         fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import optuna
 
@@ -14,6 +15,7 @@ from runners.base import RUNNERS, Runner
 from search_spaces.space import SearchSpace, parse_config
 from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
+from tuner.quality import EXCLUDED, QualityBook, plan_quality
 from tuner.samplers import describe, make_sampler
 from tuner.screen import Screen, plan_screen
 from tuner.storage import open_storage, sqlite_file, study_name_missing
@@ -35,6 +37,7 @@ class Prepared:
     storage: optuna.storages.RDBStorage
     screen: Screen | None = None
     sampler: str = ""  # which sampler runs, for the console (describe)
+    quality: QualityBook | None = None  # each trial's quality figure
 
 
 def user_file(value: str | Path | None) -> Path | None:
@@ -43,10 +46,11 @@ def user_file(value: str | Path | None) -> Path | None:
 
 
 def _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path=None,
-            screen_hardware=None) -> dict[str, Path | None]:
+            screen_hardware=None, quality_path=None, quality_prompts_path=None) -> dict[str, Path | None]:
     return {"--scenario": user_file(scenario), "--hardware": user_file(hardware),
             "--runner-config": user_file(runner_config), "--space": user_file(space_path),
             "--baseline": user_file(baseline_path), "--screen-hardware": user_file(screen_hardware),
+            "--quality": user_file(quality_path), "--quality-prompts": user_file(quality_prompts_path),
             "--storage": sqlite_file(storage)}
 
 
@@ -69,8 +73,12 @@ def check_context(scenario: Scenario, source: str, runner: Runner) -> None:
 def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_config, space_path, trials, seed,
             sampler, storage, study_name, baseline_path, heartbeat_s, outputs: dict[str, Path],
             screen: str | None = None, screen_hardware: str | None = None, screen_trials: int = 40,
-            must_exist: bool = False) -> Prepared:
-    """Validate every input and output before anything is written, then open (or resume) the study."""
+            must_exist: bool = False, quality_path: Path | None = None,
+            quality_prompts_path: Path | None = None,
+            before_writes: Callable[[optuna.storages.RDBStorage, str], None] | None = None) -> Prepared:
+    """Validate every input and output before anything is written, then open (or resume) the study.
+    `before_writes(storage, study name)` runs once the storage is open, before the study is written
+    (nightly takes its lock there)."""
     if scenario is None:
         raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
     chosen = load_scenario(scenario)
@@ -79,32 +87,41 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
     runner.check_inputs()
     check_context(chosen, f"--scenario {scenario}", runner)
     space = runner.adapt(SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload, f"--scenario {scenario}"))
+    quality = plan_quality(chosen, f"--scenario {scenario}", runner, space, quality_path, quality_prompts_path)
+    space = quality.space
     simulated = runner.name == "sim"
     optuna_sampler = make_sampler(sampler, seed, space, trials, simulated)
     baseline = None
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
     check_outputs(outputs, _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path,
-                                   screen_hardware))
+                                   screen_hardware, quality_path, quality_prompts_path))
     screening = plan_screen(screen, screen_hardware, screen_trials, seed, runner, chosen, space)
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)
     if must_exist and study_name_missing(storage, name):
         raise InputError(f"--study: no study {name!r} in {storage}; run `autotune` or `autotune worker` first")
     rdb = open_storage(storage, heartbeat_s)
+    if before_writes is not None:
+        before_writes(rdb, name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = create_study(rdb, name, optuna_sampler, chosen, identity)
     study.set_user_attr("fixed_knobs", space.fixed())
+    study.set_user_attr(EXCLUDED, quality.excluded)
+    book = quality.book(study, runner)
     if baseline is not None:
         dists = space.distributions()
         study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
     if screening is not None:
         screening.attach(rdb, name)
-    return Prepared(chosen, runner, space, study, rdb, screening, describe(sampler, simulated))
+        screening.quality = book.table_only()
+    return Prepared(chosen, runner, space, study, rdb, screening, describe(sampler, simulated), book)
 
 
 def report_outputs(export_path: Path, html_path: Path | None, no_html: bool) -> dict[str, Path]:
     """The files a run writes: the export and, unless --no-html, the report and its PNG."""
+    if no_html and html_path is not None:
+        raise InputError(f"--no-html: given with --html {html_path}; give one of them")
     if no_html:
         return {"--export": export_path}
     html_path = html_path or export_path.with_name(export_path.stem + ".report.html")

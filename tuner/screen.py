@@ -44,6 +44,7 @@ class Screen:
     calibrated_on: int = 0  # real trials the profile was last fitted to
     carried: list[dict[str, Any]] = field(default_factory=list)
     record: optuna.Study | None = None  # `<study>.screen`: every simulated trial
+    quality: Any = None  # tuner.quality.QualityBook: the real study's measured figures, else the table
 
     def attach(self, storage: optuna.storages.BaseStorage, study_name: str) -> None:
         self.record = optuna.create_study(storage=storage, study_name=f"{study_name}.screen",
@@ -58,10 +59,10 @@ class Screen:
         self._recalibrate(real)
         self.rounds += 1
         sim = optuna.create_study(directions=list(DIRECTIONS), sampler=optuna.samplers.TPESampler(
-            seed=self.seed + self.rounds, multivariate=True))
+            seed=(self.seed + self.rounds) % 2**32, multivariate=True))  # numpy's seed range
         for params in _best_params(real, self.scenario, CARRIED) + self.carried:
             sim.enqueue_trial(params, skip_if_exists=True)
-        run = StudyRun(sim, self.scenario, self.space, self.runner, storage=None)
+        run = StudyRun(sim, self.scenario, self.space, self.runner, storage=None, quality=self.quality)
         for _ in range(self.trials_per_round):
             run_trial(run, sim.ask())
         self._keep(sim)
@@ -82,8 +83,8 @@ class Screen:
             return
         make_runner = lambda profile: SimRunner(self.runner.engine, self.runner.model, profile)  # noqa: E731
         note = f"calibrated on {trials} real trials of {real.study_name}"
-        profile, _, _ = fit(observations[-RECENT_LOADS:], self.scenario, self.runner.hardware, make_runner,
-                            self.calibration_iterations, note, self.seed)
+        profile = fit(observations[-RECENT_LOADS:], self.scenario, self.runner.hardware, make_runner,
+                      self.calibration_iterations, note, self.seed).profile
         self.runner = make_runner(profile.model_copy(update={"name": f"{self.runner.hardware.name.split('+')[0]}+calibrated"}))
         self.calibrated_on = trials
 
@@ -126,7 +127,7 @@ def plan_screen(screen: str | None, hardware: str | None, trials_per_round: int,
     if hardware is None:
         raise InputError("--screen-hardware: give the hardware profile to screen with (`autotune profile-hardware` "
                          "writes one for this machine; `autotune calibrate` fits one to real trials)")
-    profile: HardwareProfile = load_hardware(hardware)
+    profile: HardwareProfile = load_hardware(hardware, "--screen-hardware")
     shapes = load_model(identity.get("model_path") or identity["model"])
     return Screen(SimRunner(identity["engine"], shapes, profile), scenario, space, trials_per_round,
                   calibration_iterations=60, seed=seed)

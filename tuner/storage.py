@@ -15,7 +15,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from objectives.userfile import InputError
+from objectives.userfile import InputError, first_line
+from tuner.schema_lock import schema_creation
 
 DEFAULT_STORAGE = "sqlite:///studies.db"
 
@@ -102,8 +103,8 @@ def check_url(url: str, must_exist: bool = False) -> None:
         raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: "
                          f"the driver is not installed: {error}{hint}") from None
     except SQLAlchemyError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: {first}") from None
+        raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: "
+                         f"{first_line(error)}") from None
 
 
 def study_name_missing(url: str, name: str) -> bool:
@@ -123,27 +124,54 @@ def study_name_missing(url: str, name: str) -> bool:
 
 
 HEARTBEAT_S = 10  # a running trial's heartbeat; after 3 missed ones it is failed as stale
+OPTUNA_TABLES = frozenset({"studies", "version_info"})  # what any Optuna storage holds
 
 
-def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S, must_exist: bool = False) -> optuna.storages.RDBStorage:
-    check_url(url, must_exist)
+def _tables(url: str) -> set[str]:
+    """The tables of an existing database, read without writing to it."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as con:
+            return set(sqlalchemy_inspect(con).get_table_names())
+    except SQLAlchemyError as error:
+        raise InputError(f"--storage: cannot open {url}: {first_line(error)}") from None
+    finally:
+        engine.dispose()
+
+
+def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S, read_only: bool = False) -> optuna.storages.RDBStorage:
+    """The study storage. read_only (the commands that only read: pareto, export, report,
+    history, calibrate): the database must exist and hold Optuna's tables, and nothing is
+    created in it, ours included; a command that fails there has changed nothing."""
+    check_url(url, must_exist=read_only)
+    if read_only and not OPTUNA_TABLES <= _tables(url):
+        raise InputError(f"--storage: {url} holds no Optuna studies (no {' or '.join(sorted(OPTUNA_TABLES))} table)")
 
     def give_back_slot(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         release_claim(storage, study.study_name)
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), schema_creation(url):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             storage = optuna.storages.RDBStorage(
                 url,
                 heartbeat_interval=heartbeat_s,
                 grace_period=3 * heartbeat_s,
                 heartbeat_stale_trial_callback=give_back_slot,
+                skip_table_creation=read_only,
             )
+            if not read_only:
+                Base.metadata.create_all(storage.engine)
     except Exception as error:  # a file that is not a database, a schema from another Optuna
-        raise InputError(f"--storage: cannot open {url}: {str(error).splitlines()[0]}") from None
-    Base.metadata.create_all(storage.engine)
+        raise InputError(f"--storage: cannot open {url}: {first_line(error)}") from None
     return storage
+
+
+def has_table(engine, table: str) -> bool:
+    """Whether one of our tables exists: a read-only command on a database no run of ours
+    wrote (or one from before the table) reads it as empty instead of creating it."""
+    with engine.connect() as con:
+        return sqlalchemy_inspect(con).has_table(table)
 
 
 def save_snapshot(
@@ -243,7 +271,7 @@ class NightlyLock(Base):
 
 def load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
     """An existing study by name (or the only one in the storage), for the commands that read one."""
-    rdb = open_storage(storage, must_exist=True)
+    rdb = open_storage(storage, read_only=True)
     summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     names = [s.study_name for s in summaries]
     if study_name is None:  # the simulated trials a `--screen` run keeps beside a study are not a choice
@@ -253,4 +281,8 @@ def load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optu
         study_name = tuned[0]
     if study_name not in names:
         raise InputError(f"--study: no study {study_name!r} in {storage}; studies: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=study_name, storage=rdb), rdb
+    study = optuna.load_study(study_name=study_name, storage=rdb)
+    if "scenario" not in study.user_attrs:  # every study autotune runs records its scenario first
+        raise InputError(f"--study {study_name}: not an autotune study (it records no scenario); "
+                         "autotune reads only the studies it ran")
+    return study, rdb

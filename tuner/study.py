@@ -16,20 +16,24 @@ from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
 from objectives.scoring import (DIRECTIONS, constraint_values, is_feasible, objective_names, objective_values,
-                                pick_best)
+                                pick_best, quality_constraint_values)
 from runners.base import Runner
 from runners.capacity import evaluate
 from runners.sim.calibration import METRICS, Observation
 from runners.measurement import Fault
 from search_spaces.space import SearchSpace
-from objectives.userfile import InputError
-from tuner.storage import claim_trial, ensure_budget, save_snapshot
+from objectives.userfile import InputError, first_line
+from tuner.quality import QualityBook, default_book, trial_figures
+from tuner.console import err
+from tuner.interrupts import interrupts_deferred
+from tuner.storage import claim_trial, ensure_budget, release_claim, save_snapshot
 
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 # What a trial's numbers depend on: a study keeps them, and refuses a scenario that changed them.
-SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance")
+SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance", "quality")
 CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization's key
+MEASURED_BY = ("runner", "engine", "model")  # of a study's identity: what its trials were measured with
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
@@ -40,7 +44,7 @@ def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
 class TrialReport:
     number: int
     config: dict[str, Any]
-    status: str  # "feasible", "violates-sla", "infeasible", "fail"
+    status: str  # "feasible", "violates-sla" (the latency SLA or the quality SLO), "infeasible", "fail"
     values: tuple[float, float] | None = None
     reason: str = ""
 
@@ -54,6 +58,53 @@ class StudyRun:
     storage: optuna.storages.RDBStorage | None
     reports: list[TrialReport] = field(default_factory=list)
     screen: Any = None  # tuner.screen.Screen: the simulator proposes each trial's config
+    quality: QualityBook | None = None  # each trial's quality figure (default: the runner's model's shipped table)
+
+    def __post_init__(self):
+        if self.quality is None:
+            self.quality = default_book(self.study, self.runner)
+
+
+def _check_identity(name: str, recorded: dict[str, str] | None, current: dict[str, str]) -> None:
+    """A study's trials are comparable only when measured by the same runner, engine and model
+    (simulated and real trials must never mix), and on the simulator the same hardware profile.
+    A real engine's hardware is a label, by default each host's name: workers on several hosts
+    of one kind share a study, so it is not compared."""
+    keys = MEASURED_BY + (("hardware",) if current["runner"] == "sim" else ())
+    changed = [key for key in keys if recorded is not None and recorded.get(key) != current.get(key)]
+    if changed:
+        was = ", ".join(f"{key} {recorded.get(key)}" for key in changed)
+        now = ", ".join(f"{key} {current.get(key)}" for key in changed)
+        raise InputError(f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
+                         "compared, so give a new --study name")
+
+
+def _recorded_scenario(study: optuna.Study) -> dict[str, Any] | None:
+    """The study's scenario with today's defaults filled in, so that a field added since it was
+    recorded (one the user never set) does not read as a change."""
+    recorded = study.user_attrs.get("scenario")
+    try:
+        return None if recorded is None else Scenario.model_validate(recorded).model_dump(mode="json")
+    except ValueError:
+        return recorded
+
+
+def constraint_names(scenario: Scenario) -> list[str]:
+    """The names of a trial's constraints under this scenario, in their stored order."""
+    measured = {"ttft_p99_ms": 0.0, "tpot_p99_ms": 0.0, "success_rate": 1.0}
+    return list(constraint_values(measured, scenario.sla) | quality_constraint_values({}, scenario.quality))
+
+
+def _check_constraint_names(name: str, study: optuna.Study, scenario: Scenario) -> None:
+    """Samplers compare trials' constraint lists position by position: a study whose trials
+    carry other constraints (made by an older autotune) cannot take new ones."""
+    expected = constraint_names(scenario)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        named = trial.user_attrs.get("sla_constraints")
+        if named is not None and list(named) != expected:
+            raise InputError(f"--study {name}: its trials carry the constraints {', '.join(named)}, not "
+                             f"{', '.join(expected)} (made by an older autotune); give a new --study name")
+        return
 
 
 def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler,
@@ -61,11 +112,13 @@ def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optun
     study = optuna.create_study(
         storage=storage, study_name=name, sampler=sampler, directions=list(DIRECTIONS), load_if_exists=True
     )
-    recorded, current = study.user_attrs.get("scenario"), scenario.model_dump(mode="json")
+    recorded, current = _recorded_scenario(study), scenario.model_dump(mode="json")
     changed = [key for key in SCENARIO_MEASURES if recorded is not None and recorded.get(key) != current[key]]
     if changed:
         raise InputError(f"--study {name}: its trials were measured under another scenario ({', '.join(changed)} "
                          "changed), so they cannot be compared; give a new --study name")
+    _check_identity(name, study.user_attrs.get("identity"), identity)
+    _check_constraint_names(name, study, scenario)
     study.set_user_attr("scenario", current)
     with warnings.catch_warnings():  # experimental in Optuna; optuna-dashboard shows the names
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -77,12 +130,26 @@ def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optun
 
 @contextmanager
 def beating(beat: Callable[[], None], every_s: float, name: str):
-    """Call `beat` every `every_s` seconds from a thread while the block runs."""
+    """Call `beat` every `every_s` seconds from a thread (named `name`, which the log says)
+    while the block runs. A beat that fails (the database away for a while, a lock lost) is
+    said on stderr, one line when it starts failing and one when it beats again, and retried
+    at the next beat: a thread that died silently would let the trial or lock go stale."""
     stop = threading.Event()
 
     def loop() -> None:
+        failing = False
         while not stop.wait(every_s):
-            beat()
+            try:
+                beat()
+            except Exception as error:  # noqa: BLE001 - any failure is logged and retried
+                if not failing:
+                    err.print(f"autotune: warning: {name} failed ({first_line(error)}); retrying every {every_s:g} s",
+                              markup=False, highlight=False, soft_wrap=True)
+                failing = True
+            else:
+                if failing:
+                    err.print(f"autotune: {name} beats again", markup=False, highlight=False)
+                failing = False
 
     thread = threading.Thread(target=loop, daemon=True, name=name)
     thread.start()
@@ -98,7 +165,7 @@ def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
     the study sees the heartbeat stop and fails the trial (Optuna's stale-trial check)."""
     storage.record_heartbeat(trial._trial_id)
     return beating(lambda: storage.record_heartbeat(trial._trial_id), storage.get_heartbeat_interval(),
-                   "autotune-heartbeat")
+                   f"the heartbeat of trial {trial.number}")
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None = None,
@@ -143,11 +210,11 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     reasons = run.space.violations(config, workload) + run.runner.violations(config, workload)
     if reasons:
         return _fail(run.study, trial, config, Fault("infeasible", "; ".join(reasons)))
-    try:
-        evaluation = evaluate(run.runner, config, scenario)
-    except KeyboardInterrupt:
-        _fail(run.study, trial, config, Fault("interrupted", "interrupted by the user"))
-        raise
+    args = run.runner.engine_args(config, workload)
+    if args is not None:  # the export deploys exactly these (tuner/export.py)
+        trial.set_user_attr("engine_args", args)
+    run.quality.before_session(config)
+    evaluation = evaluate(run.runner, config, scenario, on_session=run.quality.session_hook(config))
     for key, value in evaluation.extra.items():
         trial.set_user_attr(f"runner_{key}", value)
     if evaluation.fault is not None:
@@ -159,13 +226,30 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
         trial.set_user_attr(key, value)
     values = objective_values(metrics, scenario)
     if values is None:
-        return _fail(run.study, trial, config, Fault("error", "no request succeeded: no TTFT or throughput to report"))
-    constraints = constraint_values(metrics, scenario.sla)
+        first = evaluation.extra.get("first_error")
+        why = f"; first error: {first}" if first else ""
+        return _fail(run.study, trial, config, Fault("error", f"no request succeeded at the nominal rate: no TTFT or "
+                                                              f"throughput to report{why}"))
+    quality = run.quality.trial_attrs(config)
+    for key, value in quality.items():
+        trial.set_user_attr(key, value)
+    constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(trial_figures(quality),
+                                                                                       scenario.quality)
     record_constraints(trial, constraints)
     status = "feasible" if is_feasible(constraints) else "violates-sla"
     trial.set_user_attr("status", status)
     _tell(run.study, trial, list(values))
     return TrialReport(trial.number, config, status, values)
+
+
+def _end_interrupted(run: StudyRun, trial: optuna.Trial | None) -> None:
+    """Wherever Ctrl-C landed (the sampler, the engine, our bookkeeping), the trial it cut
+    short ends FAIL "interrupted", not RUNNING until a later run fails it as stale; before a
+    trial existed, its claimed slot is given back."""
+    if trial is None:
+        release_claim(run.storage, run.study.study_name)
+    elif trial.storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+        _fail(run.study, trial, trial.user_attrs.get("knobs", {}), Fault("interrupted", "interrupted by the user"))
 
 
 def _running(study: optuna.Study) -> bool:
@@ -182,12 +266,19 @@ def optimize(run: StudyRun, trials: int, timeout_s: float | None,
     while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
         optuna.storages.fail_stale_trials(run.study)
         if claim_trial(run.storage, run.study.study_name, study_total):
-            if run.screen is not None:
-                run.screen.propose(run.study)
-            trial = run.study.ask()
-            trial.set_user_attr("worker", WORKER)
-            with heartbeat(run.storage, trial):
-                report = run_trial(run, trial)
+            trial = None
+            try:
+                if run.screen is not None:
+                    run.screen.propose(run.study)
+                with interrupts_deferred():  # ask() stores the trial RUNNING before we hold it
+                    trial = run.study.ask()
+                trial.set_user_attr("worker", WORKER)
+                with heartbeat(run.storage, trial):
+                    report = run_trial(run, trial)
+            except KeyboardInterrupt:
+                with interrupts_deferred():
+                    _end_interrupted(run, trial)
+                raise
             run.reports.append(report)
             on_trial(report)
             ran += 1

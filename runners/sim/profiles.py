@@ -7,9 +7,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
-from objectives.userfile import InputError, load_preset_or_file, preset_names
+from objectives.userfile import InputError, first_line, load_preset_or_file, preset_names
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,13 @@ def load_model(name_or_dir: str) -> ModelProfile:
             f"--model: {name_or_dir!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
             "nor a directory with a config.json"
         )
-    from transformers import AutoConfig  # heavy import: only when a model dir is given
+    from runners.hf import transformers  # heavy import: only when a model dir is given
 
     try:
-        cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+        cfg = transformers().AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
-        raise InputError(f"{path / 'config.json'}: not a model config transformers can read: {error}") from None
+        raise InputError(f"{path / 'config.json'}: not a model config transformers can read: "
+                         f"{first_line(error)}") from None
     heads = cfg.num_attention_heads
     return ModelProfile(
         name=path.name.lower(),
@@ -90,12 +91,12 @@ class Figure(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     value: PositiveFloat
-    source: Literal["measured", "assumed"]
+    source: Literal["measured", "assumed", "calibrated"]  # calibrated: fitted to real trials (`autotune calibrate`)
     note: str = ""
 
 
 class HardwareProfile(BaseModel):
-    """One accelerator. Every figure says whether it was measured or assumed."""
+    """One accelerator. Every figure says whether it was measured, assumed or calibrated."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -119,6 +120,13 @@ class HardwareProfile(BaseModel):
     request_latency_ms: Figure | None = None
     kv_block_tokens: int = Field(128, ge=1)
 
+    @field_validator("mfu", "mbu")
+    @classmethod
+    def _a_share(cls, figure: Figure) -> Figure:
+        if figure.value > 1:  # achieved over peak: above 1 the peak itself is wrong
+            raise ValueError(f"{figure.value:g} is a share of the peak: at most 1.0")
+        return figure
+
 
 HARDWARE = resources.files("runners.sim") / "hardware"
 
@@ -127,6 +135,7 @@ def hardware_names() -> list[str]:
     return preset_names(HARDWARE)
 
 
-def load_hardware(name_or_path: str) -> HardwareProfile:
-    """A built-in profile name, or the path of a user's (e.g. measured) profile."""
-    return load_preset_or_file(HARDWARE, name_or_path, HardwareProfile, "--hardware: unknown profile")
+def load_hardware(name_or_path: str, flag: str = "--hardware") -> HardwareProfile:
+    """A built-in profile name, or the path of a user's (e.g. measured) profile; `flag` is the
+    option that named it, for the error."""
+    return load_preset_or_file(HARDWARE, name_or_path, HardwareProfile, f"{flag}: unknown profile")

@@ -7,7 +7,9 @@ through torch_npu). What each figure of the profile becomes:
   of token counts, less their launch cost; peak and half-saturation point are fitted to the
   cost model's own roofline, max(flops / (peak * n / (n + half)), bytes / bandwidth); mfu is then 1.0, since
   the peak is already the achieved one;
-- int8_tops: the same matmuls in int8 (torch._int_mm), where the device has such a kernel;
+- int8_tops: the same matmuls in int8 (torch._int_mm), where the device has such a kernel,
+  fitted the same way (launches off, bf16's half-saturation point: the cost model applies one
+  efficiency curve to both precisions);
 - bandwidth_tbs: a large device-to-device copy; mbu: the share of it a one-token matmul over
   a large weight (decode re-reading the weights) reaches; the share decode attention reaches over KV caches
   of a few lengths is stated beside it (the cost model streams weights and KV at one rate);
@@ -95,7 +97,8 @@ def _layer_shapes(model: ModelProfile) -> list[tuple[int, int]]:
 
 
 def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int, float]]:
-    """(tokens, seconds of one layer's matmuls) up the token ladder, within the time budget."""
+    """(rows, seconds of one layer's matmuls) up the token ladder, within the time budget: rows
+    are the tokens multiplied (int8's short inputs are padded, and counted as what ran)."""
     torch = bench.torch
     weights = [bench.tensor((k, n), dtype) for k, n in _layer_shapes(model)]
     rows: list[tuple[int, float]] = []
@@ -105,7 +108,7 @@ def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int,
         inputs = [bench.tensor((max(tokens, min_rows), k), dtype) for k, _ in _layer_shapes(model)]
         run = lambda: [matmul(x, w) for x, w in zip(inputs, weights)]  # noqa: E731
         seconds = bench.seconds(run)
-        rows.append((tokens, seconds))
+        rows.append((max(tokens, min_rows), seconds))
         bench.progress(f"  {str(dtype).removeprefix('torch.')} matmuls, {tokens} tokens: {seconds * 1e3:.2f} ms")
         if seconds > STEP_BUDGET_S / 4:
             break
@@ -113,23 +116,38 @@ def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int,
 
 
 def fit_roofline(rows: list[tuple[int, float]], layer_params: int, weight_bytes_per_param: float,
-                 bytes_per_s: float) -> tuple[float, float]:
+                 bytes_per_s: float, fixed_half: float | None = None) -> tuple[float, float]:
     """Peak flops/s and half-saturation tokens that make the cost model's matmul time,
     max(2 * params * n / (peak * n / (n + half)), weight bytes / bandwidth), closest to the
-    measured times (least squares on log time, over a grid: two parameters, a few points)."""
+    measured times (least squares on log time, over a grid: two parameters, a few points).
+    A `fixed_half` is kept and only the peak fitted."""
     tokens = np.array([n for n, _ in rows], dtype=float)
     seconds = np.array([s for _, s in rows], dtype=float)
     flops = 2.0 * layer_params * tokens
     best_achieved = float(np.max(flops / seconds))
     memory = layer_params * weight_bytes_per_param / bytes_per_s
     best = (np.inf, best_achieved, 1.0)
-    for peak in best_achieved * np.geomspace(1.0, 4.0, 41):
-        for half in np.geomspace(0.25, 8192, 80):
+    for peak in best_achieved * np.geomspace(0.5, 8.0, 81):
+        for half in np.geomspace(0.25, 8192, 80) if fixed_half is None else (fixed_half,):
             model = np.maximum(flops * (tokens + half) / (tokens * peak), memory)
             error = float(np.sum(np.log(model / seconds) ** 2))
             if error < best[0]:
                 best = (error, float(peak), float(half))
     return best[1], best[2]
+
+
+def fit_matmul_peaks(bf16: list[tuple[int, float]], int8: list[tuple[int, float]] | None, launches_s: float,
+                     layer_params: int, bytes_per_s: float) -> tuple[float, float, float | None]:
+    """bf16 peak flops/s, its half-saturation tokens, and int8's peak ops/s, fitted the same way:
+    the launch cost taken off each timing (the cost model counts launches in the step overhead),
+    then the cost model's roofline. int8 keeps bf16's half-saturation point, since the cost model
+    applies one efficiency curve to both precisions."""
+    def compute(rows: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        return [(n, max(s - launches_s, 0.1 * s)) for n, s in rows]
+
+    peak, half = fit_roofline(compute(bf16), layer_params, 2.0, bytes_per_s)
+    int8_peak = fit_roofline(compute(int8), layer_params, 1.0, bytes_per_s, half)[0] if int8 else None
+    return peak, half, int8_peak
 
 
 def _bandwidth(bench: _Bench) -> float:
@@ -218,17 +236,18 @@ def profile_hardware(device: str, model: ModelProfile, base: HardwareProfile, na
     layer_params = sum(k * n for k, n in _layer_shapes(model))
     progress("matmuls at the model's shapes")
     ladder = _matmul_ladder(bench, model, bf16)
-    # The cost model counts launches in the step overhead: the roofline is fitted without them.
-    launches = len(_layer_shapes(model)) * launch_s
-    compute = [(n, max(s - launches, 0.1 * s)) for n, s in ladder]
-    peak, half = fit_roofline(compute, layer_params, 2.0, decode_bytes_per_s)
     try:
-        int8_ladder = _matmul_ladder(bench, model, int8)
-        int8_peak = measured(max(2.0 * layer_params * n / s for n, s in int8_ladder) / 1e12,
-                             "largest int8 matmul throughput at the model's shapes (torch._int_mm)")
+        int8_ladder, no_int8 = _matmul_ladder(bench, model, int8), ""
     except (RuntimeError, NotImplementedError) as error:
+        int8_ladder, no_int8 = None, str(error)[:80]
+    launches = len(_layer_shapes(model)) * launch_s
+    peak, half, int8_fitted = fit_matmul_peaks(ladder, int8_ladder, launches, layer_params, decode_bytes_per_s)
+    if int8_fitted is not None:
+        int8_peak = measured(int8_fitted / 1e12, "fitted peak of one layer's int8 matmuls (torch._int_mm), "
+                             "launches off and bf16's half-saturation point, as bf16_tflops")
+    else:
         int8_peak = Figure(value=peak / 1e12, source="assumed",
-                           note=f"no int8 matmul kernel here ({str(error)[:80]}): w8a8 assumed as fast as bf16")
+                           note=f"no int8 matmul kernel here ({no_int8}): w8a8 assumed as fast as bf16")
 
     progress("attention over a KV cache")
     attention = _attention_bytes_per_s(bench, model)

@@ -12,6 +12,7 @@ from runners.sim.costs import CostModel
 from runners.sim.engine import Scheduler, Simulation
 from runners.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
 from runners.workload import make_requests
+from search_spaces.engines import llamacpp_args, violations, vllm_args
 from search_spaces.space import SearchSpace
 from objectives.userfile import InputError
 
@@ -76,6 +77,9 @@ class SimRunner:
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         config = DEFAULTS | config
+        refused = violations(self.engine, config, workload)  # what the real engine refuses, the simulator too
+        if refused:
+            return refused
         cost = self._cost(config)
         capacity = cost.kv_capacity_tokens(config["max_prefill_tokens"])
         if capacity <= 0:
@@ -89,14 +93,20 @@ class SimRunner:
             return [f"KV cache holds {blocks * block} tokens; the longest request needs {workload.longest_request}"]
         return []
 
+    def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
+        """What the simulated engine would be started with, at its default settings."""
+        render = {"vllm": vllm_args, "llamacpp": llamacpp_args}.get(self.engine)
+        return None if render is None else render(config, workload)
+
     @contextmanager
     def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
         config = DEFAULTS | config
         reasons = self.violations(config, workload)
         yield FailedSession(Fault("infeasible", "; ".join(reasons))) if reasons else _SimSession(self, config)
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None) -> Measurement:
-        return run_once(self, config, workload, sla)
+    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
+            stop_early: bool = False) -> Measurement:
+        return run_once(self, config, workload, sla, stop_early)
 
 
 class _SimSession:
@@ -107,8 +117,7 @@ class _SimSession:
         self.blocks = self.cost.kv_capacity_tokens(config["max_prefill_tokens"]) // self.block
         self.extra: dict[str, Any] = {}
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool | None = None) -> Measurement:
-        # Simulated loads are cheap: measured whole unless asked to stop early.
+    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
         sim = Simulation(self.cost, self.scheduler, make_requests(workload), self.blocks, self.block, bound)
         try:

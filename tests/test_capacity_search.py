@@ -1,0 +1,177 @@
+"""The capacity search and early rejection as pure logic, against fake sessions.
+
+A fake session serves a rate well (every request fast) up to a known capacity and badly above
+it, the way the search's contract assumes an engine does; the expected capacity is stated from
+that threshold, not from the search's code. Early rejection's rule is checked against brute
+force: every way the unfinished requests can still end, scored with numpy's own p99.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from objectives.scenario import Scenario, load_scenario
+from runners.capacity import evaluate
+from runners.measurement import Fault, Measurement, load_certainly_fails
+
+BOUND_MS = 500.0
+
+
+def scenario_at(nominal: float, closed: bool = False, requests: int = 100, **load) -> Scenario:
+    data = load_scenario("customer-service").model_dump(mode="json")
+    data["workload"]["num_requests"] = requests
+    data["workload"]["arrival"] = ({"kind": "closed", "concurrency": int(nominal)} if closed
+                                   else {"kind": "poisson", "rate": nominal})
+    data["sla"] = {"ttft_p99_ms": BOUND_MS}
+    data["load"] = load
+    data.pop("quality", None)
+    return Scenario.model_validate(data)
+
+
+def fake_load(n: int, ttft_s: float, failed: int = 0) -> Measurement:
+    """n requests sent one per 10 ms, each answered after ttft_s; the last `failed` fail."""
+    send = np.arange(n) * 0.01
+    ok = np.arange(n) < n - failed
+    first = np.where(ok, send + ttft_s, np.nan)
+    return Measurement(send, first, np.where(ok, first + 0.5, np.nan), np.full(n, 100), np.full(n, 10), ok)
+
+
+class FakeSession:
+    """Fast up to `capacity`; above it every request is 4x over the TTFT bound. Requests start
+    failing (an overloaded server's 503s) from `failing_from`. With stop_early a missed step
+    ends after a few requests, as a real engine's load does."""
+
+    def __init__(self, capacity: float, failing_from: float = math.inf):
+        self.capacity, self.failing_from = capacity, failing_from
+        self.calls: list[tuple[float, bool]] = []
+        self.extra: dict = {}
+
+    def measure(self, workload, sla=None, stop_early=False) -> Measurement:
+        arrival = workload.arrival
+        rate = float(getattr(arrival, "rate", None) or arrival.concurrency)
+        self.calls.append((rate, stop_early))
+        n = workload.num_requests
+        failed = n // 10 if rate >= self.failing_from else 0
+        slow = rate > self.capacity
+        if stop_early and (slow or failed):
+            m = fake_load(3, 4 * BOUND_MS / 1000 if slow else 0.01, failed=1 if failed else 0)
+            m.fault = Fault("sla-violated", "certainly broken")
+            return m
+        return fake_load(n, 4 * BOUND_MS / 1000 if slow else 0.01, failed)
+
+
+class FakeRunner:
+    def __init__(self, session: FakeSession):
+        self.fake = session
+
+    def session(self, config, workload):
+        from contextlib import nullcontext
+
+        return nullcontext(self.fake)
+
+
+def search(session: FakeSession, scenario: Scenario) -> dict:
+    evaluation = evaluate(FakeRunner(session), {}, scenario)
+    assert evaluation.fault is None, evaluation.fault
+    return evaluation.metrics
+
+
+def test_nominal_step_runs_whole_and_the_others_stop_early():
+    session = FakeSession(capacity=10.0)
+    search(session, scenario_at(4.0))
+    assert session.calls[0] == (4.0, False)
+    assert len(session.calls) > 2 and all(stop for _, stop in session.calls[1:])
+
+    session = FakeSession(capacity=10.0)
+    search(session, scenario_at(4.0, early_rejection=False))
+    assert not any(stop for _, stop in session.calls)
+
+
+def test_a_miss_at_the_nominal_rate_is_measured_and_halving_finds_the_capacity_below():
+    """A real-style session stops missed steps early; the nominal step still runs whole, so the
+    trial keeps its TTFT and SLA check, and the search halves down to min_rate."""
+    session = FakeSession(capacity=2.5)
+    metrics = search(session, scenario_at(16.0, min_rate=0.5))
+    assert metrics["ttft_p99_ms"] > BOUND_MS and metrics["requests_sent"] == 100  # whole, over the bound
+    rates = [rate for rate, _ in session.calls]
+    assert rates[:4] == [16.0, 8.0, 4.0, 2.0]
+    assert 2.5 / 1.05 <= metrics["capacity_rate"] <= 2.5
+
+
+def test_failed_requests_under_load_are_a_miss_the_search_bisects_on():
+    """503s from 12 req/s on: the step misses its success rate; the search narrows to just below
+    12 instead of ending (the old search stopped at the first failed request)."""
+    session = FakeSession(capacity=100.0, failing_from=12.0)
+    metrics = search(session, scenario_at(4.0, precision=0.02))
+    assert "capacity_note" not in metrics
+    assert 12.0 / 1.02 <= metrics["capacity_rate"] < 12.0
+    failing = [s for s in metrics["capacity_steps"] if s["rate"] >= 12.0]
+    assert failing and not any(s["meets_sla"] for s in failing)
+
+
+@pytest.mark.parametrize("bound", ["min_rate", "max_rate"])
+def test_a_closed_loop_refuses_fractional_bounds(bound):
+    value = 2.5 if bound == "min_rate" else 10.5
+    with pytest.raises(ValidationError, match=f"load.{bound} .* whole number"):
+        scenario_at(8, closed=True, **{bound: value})
+
+
+def test_closed_loop_search_ends_on_whole_rates_within_its_bounds():
+    """Many thresholds and bounds: the search always ends, measures each rate once, stays on
+    whole numbers in [min_rate, max_rate], and finds the largest concurrency at or below the
+    threshold (what "capacity" means for a closed loop)."""
+    rng = random.Random(7)
+    for _ in range(200):
+        floor = rng.randint(1, 6)
+        nominal = rng.randint(floor, 12)
+        ceiling = rng.randint(nominal + 1, 40)
+        threshold = rng.uniform(0.5, 45)
+        session = FakeSession(capacity=threshold)
+        metrics = search(session, scenario_at(nominal, closed=True, requests=50, min_rate=floor, max_rate=ceiling,
+                                              precision=0.01))
+        rates = [rate for rate, _ in session.calls]
+        assert len(rates) == len(set(rates)), rates
+        assert all(r.is_integer() and floor <= r <= ceiling for r in rates), rates
+        expected = max((r for r in range(floor, ceiling + 1) if r <= threshold), default=None)
+        assert metrics["capacity_rate"] == expected, (floor, nominal, ceiling, threshold, rates)
+
+
+def futures_all_fail(planned: int, late_ok: int, late_in_flight: int, failed: int, min_success: float) -> bool:
+    """Brute force: every way the in-flight late requests end (late success or failure), the rest
+    succeeding fast and the late ones barely over the bound (the kindest case); the load fails
+    if numpy's p99 of successes or the success rate misses."""
+    fast = planned - late_ok - late_in_flight - failed
+    for outcome in itertools.product((True, False), repeat=late_in_flight):
+        late = late_ok + sum(outcome)
+        failures = failed + late_in_flight - sum(outcome)
+        ttft = np.array([1.0001] * late + [0.0] * fast)
+        p99_missed = ttft.size > 0 and np.percentile(ttft, 99) > 1.0
+        if not p99_missed and ttft.size and (planned - failures) / planned >= min_success:
+            return False
+    return True
+
+
+def test_early_rejection_matches_brute_force_over_every_future():
+    for planned in (1, 5, 20, 100, 150):
+        for min_success in (1.0, 0.98, 0.9):
+            for late_ok, late_in_flight, failed in itertools.product(range(4), range(5), range(5)):
+                if late_ok + late_in_flight + failed > planned:
+                    continue
+                expected = futures_all_fail(planned, late_ok, late_in_flight, failed, min_success)
+                got = load_certainly_fails(planned, late_ok, late_in_flight, failed, min_success)
+                assert got == expected, (planned, min_success, late_ok, late_in_flight, failed)
+
+
+def test_requests_late_then_failed_do_not_reject_a_load_that_passes():
+    """The outside review's repro: SLA p99 200 ms with 98% success; two requests were late and
+    then failed. The p99 over the 98 successes holds and 98% succeeded: the load passes, so
+    early rejection must not stop it (the old rule counted the two as late)."""
+    assert not load_certainly_fails(100, late_ok=0, late_in_flight=0, failed=2, min_success_rate=0.98)
+    # Without a success-rate SLO every request must succeed: one failure settles it.
+    assert load_certainly_fails(100, late_ok=0, late_in_flight=0, failed=1, min_success_rate=1.0)

@@ -1,0 +1,123 @@
+"""The study loop's guards, on a real SQLite storage: Ctrl-C ends the trial it cut short as FAIL
+wherever it landed, heartbeat threads survive a failing beat and say so, and a study refuses
+trials measured by another runner, engine or model."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from objectives.userfile import InputError
+from runners.sim.runner import SimRunner
+from search_spaces.space import SearchSpace
+from tests.conftest import small_scenario
+from tuner.storage import open_storage
+from tuner.study import StudyRun, beating, create_study, optimize
+
+
+class InterruptedSampler(optuna.samplers.RandomSampler):
+    """A sampler during which the user presses Ctrl-C: a real SIGINT to this process, in ask()
+    (before_trial) or in the proposal (sample_relative, where GP spends seconds)."""
+
+    def __init__(self, where: str):
+        super().__init__(seed=0)
+        self.where = where
+
+    def before_trial(self, study, trial):
+        if self.where == "ask":
+            signal.raise_signal(signal.SIGINT)
+
+    def sample_relative(self, study, trial, search_space):
+        if self.where == "proposal":
+            signal.raise_signal(signal.SIGINT)
+        return super().sample_relative(study, trial, search_space)
+
+
+class InterruptedRunner(SimRunner):
+    """The simulator, interrupted while it checks what a config cannot run."""
+
+    def violations(self, config, workload):
+        signal.raise_signal(signal.SIGINT)
+        return super().violations(config, workload)
+
+
+def _run(tmp_path: Path, sampler: optuna.samplers.BaseSampler, runner: SimRunner) -> StudyRun:
+    scenario = small_scenario(requests=50)
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = create_study(storage, "s", sampler, scenario, runner.identity())
+    return StudyRun(study, scenario, SearchSpace.load("mindie").fit_workload(scenario.workload), runner, storage)
+
+
+@pytest.mark.parametrize("where", ["ask", "proposal", "runner"])
+def test_ctrl_c_ends_the_trial_it_interrupted_as_fail(where: str, tmp_path: Path):
+    sampler = InterruptedSampler(where)
+    runner = InterruptedRunner() if where == "runner" else SimRunner()
+    run = _run(tmp_path, sampler, runner)
+    with pytest.raises(KeyboardInterrupt):
+        optimize(run, 3, None)
+    (trial,) = run.study.get_trials()
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["fault_kind"] == "interrupted"
+
+
+def test_a_failing_beat_is_said_once_and_retried(capsys):
+    calls, enough = [], threading.Event()
+
+    def beat() -> None:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise RuntimeError("database is locked\nsecond line")
+        if len(calls) >= 4:
+            enough.set()
+
+    with beating(beat, 0.01, "the heartbeat of trial 7"):
+        assert enough.wait(30)  # a bound against a hang: the thread must outlive its failures
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["autotune: warning: the heartbeat of trial 7 failed (database is locked); retrying every 0.01 s",
+                     "autotune: the heartbeat of trial 7 beats again"]
+
+
+SIM = {"runner": "sim", "engine": "mindie", "model": "qwen2-7b", "hardware": "ascend-910b2"}
+
+
+def test_a_study_refuses_trials_measured_by_another_runner_engine_or_model(tmp_path: Path):
+    scenario = small_scenario(requests=50)
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    create_study(storage, "s", sampler, scenario, SIM)
+    real = {"runner": "llamacpp", "engine": "llamacpp", "model": "qwen2-7b", "hardware": "host-a"}
+    with pytest.raises(InputError, match="measured with runner sim, engine mindie, not runner llamacpp, "
+                                         "engine llamacpp; they cannot be compared"):
+        create_study(storage, "s", sampler, scenario, real)
+    with pytest.raises(InputError, match="measured with model qwen2-7b, not model other"):
+        create_study(storage, "s", sampler, scenario, SIM | {"model": "other"})
+    with pytest.raises(InputError, match="measured with hardware ascend-910b2, not hardware h100"):
+        create_study(storage, "s", sampler, scenario, SIM | {"hardware": "h100"})  # a simulated profile decides
+    create_study(storage, "s", sampler, scenario, SIM)  # the same identity resumes
+
+    create_study(storage, "r", sampler, scenario, real)
+    create_study(storage, "r", sampler, scenario, real | {"hardware": "host-b"})  # a second worker's host label
+
+
+def test_a_study_recorded_before_a_scenario_field_existed_resumes(tmp_path: Path):
+    """A field added since (load.early_rejection) that the user never set is no change; a study
+    whose trials carry other constraints (an older autotune's) is refused, not mixed."""
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    scenario = small_scenario()
+    identity = SimRunner().identity()
+    study = create_study(storage, "old", optuna.samplers.RandomSampler(), scenario, identity)
+    older = scenario.model_dump(mode="json")
+    del older["load"]["early_rejection"]
+    study.set_user_attr("scenario", older)
+    create_study(storage, "old", optuna.samplers.RandomSampler(), scenario, identity)  # resumes
+
+    trial = study.ask()
+    trial.set_user_attr("sla_constraints", {"ttft_p99": -0.5})  # before success_rate was a constraint
+    study.tell(trial, [100.0, 1000.0])
+    with pytest.raises(InputError, match="carry the constraints ttft_p99, not ttft_p99, success_rate"):
+        create_study(storage, "old", optuna.samplers.RandomSampler(), scenario, identity)

@@ -1,0 +1,30 @@
+"""Ctrl-C (and SIGTERM, which the CLI turns into Ctrl-C) held back while a step must not be cut
+in two: Optuna's ask() stores a RUNNING trial, then runs its sampler's before_trial, before it
+returns the trial; an interrupt in between would leave a RUNNING trial that no one holds to end."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Run the block whole; an interrupt that arrived meanwhile is raised (KeyboardInterrupt)
+    as the block ends. Signal handlers live in the main thread only: elsewhere, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in HELD}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if arrived:
+        raise KeyboardInterrupt
