@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,11 @@ import pytest
 import yaml
 
 from objectives.scenario import Scenario, load_scenario
+
+# A test run that a non-interactive shell started in the background inherits SIGINT ignored, and
+# so would every autotune it starts (an ignored signal survives exec): the Ctrl-C tests need it
+# delivered as at a terminal. A Python handler is reset to the default in children on exec.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_autotune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
