@@ -20,7 +20,9 @@ def interrupts_deferred() -> Iterator[None]:
         yield
         return
     arrived: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in HELD}
+    # A signal the process ignores (started by nohup, or in the background) stays ignored.
+    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+                for signum in HELD if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         yield
     finally:

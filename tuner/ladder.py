@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from rich.table import Table
 
 from objectives.scenario import Scenario
-from objectives.scoring import meets_sla, quality_constraint_values, throughput_label
+from objectives.scoring import is_feasible, meets_sla, quality_constraint_values, throughput_label
 from runners.quality import quality_pair
 from tuner.console import out
 from tuner.quality import EXCLUDED, QualityBook, describe_figures, trial_figures
@@ -31,7 +31,7 @@ class Rung:
     def meets_quality(self, scenario: Scenario) -> bool | None:
         if scenario.quality is None:
             return None
-        return all(v <= 0 for v in quality_constraint_values(trial_figures(self.quality), scenario.quality).values())
+        return is_feasible(quality_constraint_values(trial_figures(self.quality), scenario.quality))
 
 
 def _order(rung: Rung) -> tuple:
