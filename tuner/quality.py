@@ -31,6 +31,7 @@ from tuner.console import err
 RUNNER_MEASURES = ("kl", "top1_agreement")
 MEASURED = "quality_measured:"  # study user attribute per pair: a measured figure and its cost
 UNAVAILABLE = "quality_unavailable:"  # study user attribute per pair: why the runner could not measure it
+REFERENCE_UNAVAILABLE = "quality_reference_unavailable"  # study user attribute: why no reference could be measured
 EXCLUDED = "quality_excluded"  # study user attribute: pairs the space dropped before the study, with their figures
 FIGURE_NAMES = {"accuracy_drop": "accuracy drop", "kl": "KL", "top1_agreement": "top-1 agreement"}
 
@@ -51,7 +52,6 @@ class AppliedTable:
         return self.model.figure(*pair)
 
 
-REFERENCE_UNAVAILABLE = "quality_reference_unavailable"  # study user attribute: why no reference could be measured
 MEASUREMENT_ERRORS = (QualityUnavailable, OSError, ValueError, KeyError)
 
 
