@@ -15,15 +15,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from objectives.scenario import Load, load_scenario, preset_names  # noqa: E402
-from runners.capacity import evaluate  # noqa: E402
-from runners.sim.runner import DEFAULTS, SimRunner  # noqa: E402
+from objectives.scenario import Load, load_scenario, preset_names
+from runners.capacity import evaluate
+from runners.sim.runner import DEFAULTS, SimRunner
 
 CONFIGS = {
-    "batch 16, prefill-first": dict(batch_size=16, select_batch="prefill-first", max_prefill_batch_size=16),
-    "batch 64, decode-first": dict(batch_size=64, select_batch="decode-first", max_prefill_batch_size=50),
-    "batch 256, w8a8": dict(batch_size=256, select_batch="prefill-first", max_prefill_batch_size=50,
-                            quantization="w8a8"),
+    "batch 16, prefill-first": dict(
+        batch_size=16, select_batch="prefill-first", max_prefill_batch_size=16
+    ),
+    "batch 64, decode-first": dict(
+        batch_size=64, select_batch="decode-first", max_prefill_batch_size=50
+    ),
+    "batch 256, w8a8": dict(
+        batch_size=256, select_batch="prefill-first", max_prefill_batch_size=50, quantization="w8a8"
+    ),
 }
 GOAL_S = 1.0
 REPEATS = 3
@@ -40,7 +45,9 @@ def timed(runner, config, scenario) -> tuple[float, dict]:
 
 def main() -> None:
     runner = SimRunner()
-    print(f"{'preset':19} {'config':25} {'steps':>5} {'capacity':>9} {'fixed s':>8} {'capacity s':>10} {'ratio':>6}")
+    print(
+        f"{'preset':19} {'config':25} {'steps':>5} {'capacity':>9} {'fixed s':>8} {'capacity s':>10} {'ratio':>6}"
+    )
     worst = []
     for name in preset_names():
         scenario = load_scenario(name)
@@ -51,11 +58,15 @@ def main() -> None:
             capacity_s, metrics = timed(runner, config, scenario)
             worst.append(capacity_s)
             rate = metrics.get("capacity_rate")
-            print(f"{name:19} {label:25} {len(metrics.get('capacity_steps', [])):>5} "
-                  f"{'-' if rate is None else format(rate, '.3g'):>9} {fixed_s:>8.3f} {capacity_s:>10.3f} "
-                  f"{capacity_s / fixed_s:>5.1f}x")
-    print(f"capacity trial: median {statistics.median(worst):.2f} s, slowest {max(worst):.2f} s "
-          f"(goal {GOAL_S:g} s; slowest / goal {max(worst) / GOAL_S:.2f})")
+            print(
+                f"{name:19} {label:25} {len(metrics.get('capacity_steps', [])):>5} "
+                f"{'-' if rate is None else format(rate, '.3g'):>9} {fixed_s:>8.3f} {capacity_s:>10.3f} "
+                f"{capacity_s / fixed_s:>5.1f}x"
+            )
+    print(
+        f"capacity trial: median {statistics.median(worst):.2f} s, slowest {max(worst):.2f} s "
+        f"(goal {GOAL_S:g} s; slowest / goal {max(worst) / GOAL_S:.2f})"
+    )
 
 
 if __name__ == "__main__":

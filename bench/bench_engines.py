@@ -17,27 +17,35 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from objectives.scenario import Scenario, load_scenario  # noqa: E402
-from runners.llamacpp import LlamaCppRunner, LlamaCppSettings  # noqa: E402
-from runners.measurement import summarize  # noqa: E402
-from tests.tiny_model import build_tiny_qwen2  # noqa: E402
+from objectives.scenario import Scenario, load_scenario
+from runners.llamacpp import LlamaCppRunner, LlamaCppSettings
+from runners.measurement import summarize
+from tests.tiny_model import build_tiny_qwen2
 
 CONFIGS = [
     {"batch_size": b, "max_prefill_tokens": 512, "quantization": q, "kv_compression": kv}
-    for b in (1, 8) for q, kv in (("bf16", 1.0), ("w8a8", 0.5), ("w4a16", 1.0))
+    for b in (1, 8)
+    for q, kv in (("bf16", 1.0), ("w8a8", 0.5), ("w4a16", 1.0))
 ]
 
 
-def scenario(requests: int, ttft_ms: float, rate: float = 8.0, prompt: tuple[int, int] = (64, 192)) -> Scenario:
+def scenario(
+    requests: int, ttft_ms: float, rate: float = 8.0, prompt: tuple[int, int] = (64, 192)
+) -> Scenario:
     data = load_scenario("customer-service").model_dump(mode="json")
-    data["workload"] |= {"num_requests": requests, "arrival": {"kind": "poisson", "rate": rate},
-                         "input_tokens": {"kind": "uniform", "low": prompt[0], "high": prompt[1]},
-                         "output_tokens": {"kind": "uniform", "low": 16, "high": 48}}
+    data["workload"] |= {
+        "num_requests": requests,
+        "arrival": {"kind": "poisson", "rate": rate},
+        "input_tokens": {"kind": "uniform", "low": prompt[0], "high": prompt[1]},
+        "output_tokens": {"kind": "uniform", "low": 16, "high": 48},
+    }
     data["sla"] = {"ttft_p99_ms": ttft_ms}
     return Scenario.model_validate(data)
 
 
-def run_all(runner: LlamaCppRunner, chosen: Scenario, stop_early: bool = False) -> list[tuple[dict, object, float]]:
+def run_all(
+    runner: LlamaCppRunner, chosen: Scenario, stop_early: bool = False
+) -> list[tuple[dict, object, float]]:
     rows = []
     for config in CONFIGS:
         started = time.perf_counter()
@@ -54,23 +62,37 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
         model = build_tiny_qwen2(work / "tiny")
-        settings = LlamaCppSettings(engine_cmd=[str(args.engines / "llama.cpp" / "bin" / "llama-server")],
-                                    model=model, threads=1, log_dir=work / "logs", gguf_cache=work / "gguf",
-                                    pre_tokenizer="qwen2", warmup_requests=1)
+        settings = LlamaCppSettings(
+            engine_cmd=[str(args.engines / "llama.cpp" / "bin" / "llama-server")],
+            model=model,
+            threads=1,
+            log_dir=work / "logs",
+            gguf_cache=work / "gguf",
+            pre_tokenizer="qwen2",
+            warmup_requests=1,
+        )
         runner = LlamaCppRunner(settings, hardware="cpu")
         started = time.perf_counter()
         for precision in ("bf16", "w8a8", "w4a16"):
             runner.gguf(precision)
-        print(f"GGUF preparation (convert + 2 quantizations, once per model): {time.perf_counter() - started:.1f} s\n")
+        print(
+            f"GGUF preparation (convert + 2 quantizations, once per model): {time.perf_counter() - started:.1f} s\n"
+        )
 
-        print(f"{'config':44} {'ready s':>8} {'load s':>8} {'stop s':>8} {'trial s':>8} {'overhead':>9} {'tok/s':>7}")
+        print(
+            f"{'config':44} {'ready s':>8} {'load s':>8} {'stop s':>8} {'trial s':>8} {'overhead':>9} {'tok/s':>7}"
+        )
         for config, m, wall in run_all(runner, scenario(args.requests, 60_000)):
             e = m.extra
             overhead = wall - e.get("load_s", 0.0)
-            label = f"np {config['batch_size']} {config['quantization']} kv {config['kv_compression']}"
+            label = (
+                f"np {config['batch_size']} {config['quantization']} kv {config['kv_compression']}"
+            )
             tok_s = m.output_tokens[m.ok].sum() / e["load_s"] if m.fault is None else float("nan")
-            print(f"{label:44} {e.get('start_s', float('nan')):8.2f} {e.get('load_s', float('nan')):8.2f} "
-                  f"{e.get('stop_s', float('nan')):8.2f} {wall:8.2f} {overhead / wall:9.1%} {tok_s:7.0f}")
+            print(
+                f"{label:44} {e.get('start_s', float('nan')):8.2f} {e.get('load_s', float('nan')):8.2f} "
+                f"{e.get('stop_s', float('nan')):8.2f} {wall:8.2f} {overhead / wall:9.1%} {tok_s:7.0f}"
+            )
 
         # Long prompts at a high rate: one slot falls behind and its queue grows without bound.
         tight = scenario(2 * args.requests, 150, rate=30.0, prompt=(400, 800))
@@ -78,15 +100,25 @@ def main() -> None:
         for early in (True, False):
             rows = run_all(runner, tight, stop_early=early)
             timings[early] = sum(wall for _, _, wall in rows)
-            rejected = sum(1 for _, m, _ in rows if m.fault is not None and m.fault.kind == "sla-violated")
+            rejected = sum(
+                1 for _, m, _ in rows if m.fault is not None and m.fault.kind == "sla-violated"
+            )
             sent = sum(m.sent for _, m, _ in rows)
-            broken = sum(1 for _, m, _ in rows if m.fault is None and
-                         summarize(m, tight.sla)["ttft_p99_ms"] > tight.sla.ttft_p99_ms)
-            print(f"\n{tight.workload.num_requests} requests at 30/s, TTFT p99 <= 150 ms, early rejection "
-                  f"{'on ' if early else 'off'}: {timings[early]:6.1f} s for {len(rows)} trials, {rejected} stopped early, {broken} ran to the end and broke the SLA, "
-                  f"{sent} requests sent")
+            broken = sum(
+                1
+                for _, m, _ in rows
+                if m.fault is None
+                and summarize(m, tight.sla)["ttft_p99_ms"] > tight.sla.ttft_p99_ms
+            )
+            print(
+                f"\n{tight.workload.num_requests} requests at 30/s, TTFT p99 <= 150 ms, early rejection "
+                f"{'on ' if early else 'off'}: {timings[early]:6.1f} s for {len(rows)} trials, {rejected} stopped early, {broken} ran to the end and broke the SLA, "
+                f"{sent} requests sent"
+            )
         saved = timings[False] - timings[True]
-        print(f"early rejection saved {saved:.1f} s ({saved / timings[False]:.0%} of the study time)")
+        print(
+            f"early rejection saved {saved:.1f} s ({saved / timings[False]:.0%} of the study time)"
+        )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,14 @@ CACHE = ROOT / "bench" / ".cache"
 NUMERIC = ("batch_size", "max_prefill_tokens", "max_prefill_batch_size")
 TARGET = 0.95
 CHECKPOINTS = (10, 25, 50)
-SIM_SOURCES = ("runners/sim/*.py", "runners/sim/hardware/*.yaml", "runners/capacity.py", "runners/measurement.py",
-               "runners/workload.py", "search_spaces/presets/mindie.yaml")
+SIM_SOURCES = (
+    "runners/sim/*.py",
+    "runners/sim/hardware/*.yaml",
+    "runners/capacity.py",
+    "runners/measurement.py",
+    "runners/workload.py",
+    "search_spaces/presets/mindie.yaml",
+)
 
 
 # --- ground truth ------------------------------------------------------------------------
@@ -79,7 +85,9 @@ def _grid(scenario: Scenario) -> tuple[list[str], dict[str, list], dict]:
 
 
 def _cache_key(name: str, scenario: Scenario, grid: dict) -> str:
-    h = hashlib.sha256(scenario.model_dump_json().encode() + json.dumps(grid, sort_keys=True).encode())
+    h = hashlib.sha256(
+        scenario.model_dump_json().encode() + json.dumps(grid, sort_keys=True).encode()
+    )
     for source in SIM_SOURCES:  # what a simulated trial's numbers depend on
         for path in sorted(ROOT.glob(source)):
             h.update(path.read_bytes())
@@ -91,7 +99,9 @@ def _evaluate_point(args):
     scenario = load_scenario(name)
     runner = SimRunner()
     space = _space(scenario)
-    reasons = space.violations(config, scenario.workload) + runner.violations(config, scenario.workload)
+    reasons = space.violations(config, scenario.workload) + runner.violations(
+        config, scenario.workload
+    )
     if reasons:
         return None
     result = evaluate(runner, config, scenario)
@@ -117,8 +127,11 @@ def ground_truth(name: str, jobs: int) -> dict[tuple, list | None]:
         table = {json.dumps([p[k] for k in keys]): r for p, r in zip(points, results)}
         CACHE.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(table))
-        print(f"  {name}: grid of {len(points)} configs evaluated in {time.perf_counter() - started:.0f} s "
-              f"-> {path.relative_to(ROOT)}", flush=True)
+        print(
+            f"  {name}: grid of {len(points)} configs evaluated in {time.perf_counter() - started:.0f} s "
+            f"-> {path.relative_to(ROOT)}",
+            flush=True,
+        )
     return {tuple(json.loads(k)): v for k, v in table.items()}
 
 
@@ -137,7 +150,9 @@ class Table:
         return self.results[tuple(point[k] for k in self.keys)]
 
     def hypervolume(self, results: list) -> float:
-        points = [(r[0] / self.bound, -r[1] / self.best) for r in results if r and is_feasible(r[2])]
+        points = [
+            (r[0] / self.bound, -r[1] / self.best) for r in results if r and is_feasible(r[2])
+        ]
         if not points:
             return 0.0
         return float(compute_hypervolume(np.array(points), np.array([1.0, 0.0])))
@@ -150,7 +165,9 @@ class Table:
                 point[key] = trial.suggest_categorical(key, values)
                 continue
             index = trial.suggest_int(f"{key}_index", 0, len(values) - 1)
-            if key == "max_prefill_batch_size":  # runs as at most the batch size, as SearchSpace.suggest does
+            if (
+                key == "max_prefill_batch_size"
+            ):  # runs as at most the batch size, as SearchSpace.suggest does
                 index = min(index, max(i for i, v in enumerate(values) if v <= point["batch_size"]))
             point[key] = values[index]
         return point
@@ -163,7 +180,12 @@ def run_optuna(table: Table, sampler_name: str, seed: int, trials: int) -> list:
     if sampler_name == "optuna-tpe":
         sampler = optuna.samplers.TPESampler(seed=seed)
     else:
-        sampler = make_sampler("auto" if sampler_name == "default" else sampler_name, seed, _space(table.scenario), trials)
+        sampler = make_sampler(
+            "auto" if sampler_name == "default" else sampler_name,
+            seed,
+            _space(table.scenario),
+            trials,
+        )
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
     outcomes = []
     for _ in range(trials):
@@ -186,10 +208,20 @@ def run_product(table: Table, seed: int, trials: int) -> list:
     space = _space(scenario)
     with tempfile.TemporaryDirectory() as folder:
         storage = open_storage(f"sqlite:///{folder}/studies.db")
-        study = create_study(storage, "product", make_sampler("auto", seed, space, trials), scenario, runner.identity())
+        study = create_study(
+            storage,
+            "product",
+            make_sampler("auto", seed, space, trials),
+            scenario,
+            runner.identity(),
+        )
         optimize(StudyRun(study, scenario, space, runner, storage), trials, None)
-        outcomes = [[t.values[0], t.values[1], t.user_attrs["sla_constraints"]] if t.state == TrialState.COMPLETE
-                    else None for t in study.trials]
+        outcomes = [
+            [t.values[0], t.values[1], t.user_attrs["sla_constraints"]]
+            if t.state == TrialState.COMPLETE
+            else None
+            for t in study.trials
+        ]
         storage.engine.dispose()
     return outcomes
 
@@ -221,7 +253,9 @@ def run_pso(table: Table, seed: int, trials: int, particles: int = 10) -> list:
             if fitness > swarm_fit:
                 swarm_fit, swarm_pos = fitness, position[p].copy()
         r1, r2 = rng.uniform(size=position.shape), rng.uniform(size=position.shape)
-        velocity = 0.7 * velocity + 1.5 * r1 * (best_pos - position) + 1.5 * r2 * (swarm_pos - position)
+        velocity = (
+            0.7 * velocity + 1.5 * r1 * (best_pos - position) + 1.5 * r2 * (swarm_pos - position)
+        )
         position = np.clip(position + velocity, 0, sizes - 1)
     return outcomes
 
@@ -236,19 +270,30 @@ def trials_to_target(table: Table, outcomes: list) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="*", default=preset_names())
-    parser.add_argument("--samplers", nargs="*", default=["default", "tpe", "optuna-tpe", "nsga2", "random", "pso"])
+    parser.add_argument(
+        "--samplers", nargs="*", default=["default", "tpe", "optuna-tpe", "nsga2", "random", "pso"]
+    )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--trials", type=int, default=50)
-    parser.add_argument("--horizon", type=int, default=300, help="trials run to count trials-to-target (not gp)")
+    parser.add_argument(
+        "--horizon", type=int, default=300, help="trials run to count trials-to-target (not gp)"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="processes for the grid")
-    parser.add_argument("--product-seeds", type=int, default=0,
-                        help="also run the default sampler this many seeds in the product's own space and loop")
+    parser.add_argument(
+        "--product-seeds",
+        type=int,
+        default=0,
+        help="also run the default sampler this many seeds in the product's own space and loop",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")  # Optuna's experimental-API notes, once per product-row trial
     print(f"default sampler here, for real engines: {describe('auto', simulated=False)}")
-    print(f"{'preset':18} {'sampler':8} {'median trials to 95%':>21} {'reached <=' + str(args.trials):>12} "
-          + " ".join(f"{'HV@' + str(c):>7}" for c in CHECKPOINTS) + f" {'s/seed':>7}")
+    print(
+        f"{'preset':18} {'sampler':8} {'median trials to 95%':>21} {'reached <=' + str(args.trials):>12} "
+        + " ".join(f"{'HV@' + str(c):>7}" for c in CHECKPOINTS)
+        + f" {'s/seed':>7}"
+    )
     for name in args.presets:
         table = Table(name, args.jobs)
         medians = {}
@@ -258,8 +303,12 @@ def main() -> None:
             # Trials to the target are counted past the budget where that is cheap, so that a
             # sampler that needs more than `--trials` still gets a number (GP is too slow for it;
             # the swarm's budget is its 10 x 5 by definition).
-            slow = sampler in ("gp", "product") or (sampler == "default" and resolve("auto", simulated=False) == "gp")
-            horizon = args.trials if slow else 50 if sampler == "pso" else max(args.trials, args.horizon)
+            slow = sampler in ("gp", "product") or (
+                sampler == "default" and resolve("auto", simulated=False) == "gp"
+            )
+            horizon = (
+                args.trials if slow else 50 if sampler == "pso" else max(args.trials, args.horizon)
+            )
             for seed in range(args.product_seeds if sampler == "product" else args.seeds):
                 if sampler == "pso":
                     outcomes = run_pso(table, seed, horizon)
@@ -275,14 +324,24 @@ def main() -> None:
             shown = f"{median:.0f}" if median != float("inf") else f">{horizon}"
             reached = sum(n <= args.trials for n in needed) / len(needed)
             per_seed = (time.perf_counter() - started) / len(needed)
-            print(f"{name:18} {sampler:8} {shown:>21} {reached:>12.0%} "
-                  + " ".join(f"{np.mean(hv[c]):>7.2f}" for c in CHECKPOINTS) + f" {per_seed:>7.1f}", flush=True)
+            print(
+                f"{name:18} {sampler:8} {shown:>21} {reached:>12.0%} "
+                + " ".join(f"{np.mean(hv[c]):>7.2f}" for c in CHECKPOINTS)
+                + f" {per_seed:>7.1f}",
+                flush=True,
+            )
         if "default" in medians and "random" in medians:
             random, default = medians["random"], medians["default"]
-            ratio = (f">{max(args.trials, args.horizon) / default:.1f}x" if random == float("inf")
-                     else f"{random / default:.1f}x")
-            print(f"{name:18} random / default median trials: {ratio} (grid best capacity "
-                  f"{table.best:.0f} tok/s)", flush=True)
+            ratio = (
+                f">{max(args.trials, args.horizon) / default:.1f}x"
+                if random == float("inf")
+                else f"{random / default:.1f}x"
+            )
+            print(
+                f"{name:18} random / default median trials: {ratio} (grid best capacity "
+                f"{table.best:.0f} tok/s)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Wall time of the default study, as a user runs it: `autotune --scenario customer-service`.
 
-    python bench/bench_study.py [scenario ...]
+python bench/bench_study.py [scenario ...]
 """
 
 from __future__ import annotations
@@ -18,12 +18,20 @@ def main() -> None:
     for scenario in scenarios:
         with tempfile.TemporaryDirectory() as work:
             start = time.perf_counter()
-            result = subprocess.run([sys.executable, "-m", "tuner", "--scenario", scenario], cwd=work,
-                                    capture_output=True, text=True)
+            result = subprocess.run(
+                [sys.executable, "-m", "tuner", "--scenario", scenario],
+                cwd=work,
+                capture_output=True,
+                text=True,
+            )
             wall = time.perf_counter() - start
-        status = {0: "ok", 3: "no feasible config"}.get(result.returncode, f"exit {result.returncode}")
-        print(f"{scenario:20} default study (50 trials): {wall:6.1f} s wall, {wall / BUDGET_S:.2f} of the "
-              f"one-minute budget, {status}")
+        status = {0: "ok", 3: "no feasible config"}.get(
+            result.returncode, f"exit {result.returncode}"
+        )
+        print(
+            f"{scenario:20} default study (50 trials): {wall:6.1f} s wall, {wall / BUDGET_S:.2f} of the "
+            f"one-minute budget, {status}"
+        )
 
 
 if __name__ == "__main__":

@@ -35,12 +35,20 @@ class _Strict(BaseModel):
 class QualityFigure(_Strict):
     """One config's quality against the reference; a figure left None is not known."""
 
-    accuracy_drop: float | None = None  # benchmark points below the reference (bf16 weights, KV 1.0)
-    kl: Annotated[float, Field(ge=0)] | None = None  # mean KL divergence from the reference's next-token distribution (nats)
-    top1_agreement: Annotated[float, Field(ge=0, le=1)] | None = None  # share of positions whose top token matches the reference
+    accuracy_drop: float | None = (
+        None  # benchmark points below the reference (bf16 weights, KV 1.0)
+    )
+    kl: Annotated[float, Field(ge=0)] | None = (
+        None  # mean KL divergence from the reference's next-token distribution (nats)
+    )
+    top1_agreement: Annotated[float, Field(ge=0, le=1)] | None = (
+        None  # share of positions whose top token matches the reference
+    )
     source: Source
     note: str  # where the figure comes from (paper, table, command), or why it was not measured
-    samples: Annotated[int, Field(ge=0)] | None = None  # token positions a measured figure stands on
+    samples: Annotated[int, Field(ge=0)] | None = (
+        None  # token positions a measured figure stands on
+    )
 
     def values(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in FIGURES if getattr(self, name) is not None}
@@ -66,12 +74,19 @@ class TableEntry(_Strict):
         return self.quantization, float(self.kv_compression)
 
     def figure(self) -> QualityFigure:
-        return QualityFigure(accuracy_drop=self.accuracy_drop, kl=self.kl, top1_agreement=self.top1_agreement,
-                             source=self.source, note=self.note)
+        return QualityFigure(
+            accuracy_drop=self.accuracy_drop,
+            kl=self.kl,
+            top1_agreement=self.top1_agreement,
+            source=self.source,
+            note=self.note,
+        )
 
 
 class ModelQuality(_Strict):
-    names: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]  # model names and aliases
+    names: Annotated[
+        list[Annotated[str, Field(min_length=1)]], Field(min_length=1)
+    ]  # model names and aliases
     reference: str = ""  # what the reference config scores, for the reader
     entries: Annotated[list[TableEntry], Field(min_length=1)]
 
@@ -80,8 +95,10 @@ class ModelQuality(_Strict):
         seen = set()
         for entry in self.entries:
             if entry.pair in seen:
-                raise ValueError(f"two entries for quantization {entry.quantization} at kv_compression "
-                                 f"{entry.kv_compression:g}; keep one")
+                raise ValueError(
+                    f"two entries for quantization {entry.quantization} at kv_compression "
+                    f"{entry.kv_compression:g}; keep one"
+                )
             seen.add(entry.pair)
         return self
 
@@ -95,12 +112,21 @@ class ModelQuality(_Strict):
         if exact is not None:
             return exact.figure()
         weights, cache = self.entry(quantization, 1.0), self.entry(REFERENCE[0], kv)
-        if weights is None or cache is None or weights.accuracy_drop is None or cache.accuracy_drop is None:
+        if (
+            weights is None
+            or cache is None
+            or weights.accuracy_drop is None
+            or cache.accuracy_drop is None
+        ):
             return None
         return QualityFigure(
-            accuracy_drop=round(weights.accuracy_drop + cache.accuracy_drop, 6), source="assumed",
-            note=(f"assumed additive: the {quantization} entry's {weights.accuracy_drop:g} ({weights.source}) + the "
-                  f"bf16 kv_compression {kv:g} entry's {cache.accuracy_drop:g} ({cache.source})"))
+            accuracy_drop=round(weights.accuracy_drop + cache.accuracy_drop, 6),
+            source="assumed",
+            note=(
+                f"assumed additive: the {quantization} entry's {weights.accuracy_drop:g} ({weights.source}) + the "
+                f"bf16 kv_compression {kv:g} entry's {cache.accuracy_drop:g} ({cache.source})"
+            ),
+        )
 
     def missing(self, quantization: str, kv: float) -> str | None:
         """Why the table has no figure for the pair (None when it has one)."""
@@ -108,8 +134,10 @@ class ModelQuality(_Strict):
             return None
         if self.entry(quantization, 1.0) is None:
             return f"no entry for precision {quantization}"
-        return (f"no entry for precision {quantization} at kv_compression {kv:g} (nor bf16 at kv_compression "
-                f"{kv:g} to add to its kv_compression 1 entry)")
+        return (
+            f"no entry for precision {quantization} at kv_compression {kv:g} (nor bf16 at kv_compression "
+            f"{kv:g} to add to its kv_compression 1 entry)"
+        )
 
 
 class QualityTable(_Strict):
@@ -117,7 +145,10 @@ class QualityTable(_Strict):
 
     def for_model(self, name: str) -> tuple[int, ModelQuality] | None:
         wanted = name.lower()
-        return next(((i, m) for i, m in enumerate(self.models) if wanted in (n.lower() for n in m.names)), None)
+        return next(
+            ((i, m) for i, m in enumerate(self.models) if wanted in (n.lower() for n in m.names)),
+            None,
+        )
 
 
 SHIPPED = resources.files("objectives") / "quality_tables"
@@ -141,5 +172,7 @@ def find_shipped(model: str) -> tuple[str, QualityTable] | None:
 
 def describe_missing_model(source: str, table: QualityTable, model: str) -> InputError:
     names = sorted({n for m in table.models for n in m.names})
-    return InputError(f"{source}: models: no entry names the model {model!r} (it names: {', '.join(names)}); "
-                      "add its name to `names`")
+    return InputError(
+        f"{source}: models: no entry names the model {model!r} (it names: {', '.join(names)}); "
+        "add its name to `names`"
+    )

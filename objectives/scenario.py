@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from importlib import resources
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -70,7 +70,7 @@ class LogNormal(_Bounded):
 
 
 LengthDistribution = Annotated[
-    Union[Fixed, Uniform, Normal, LogNormal], Field(discriminator="kind")
+    Fixed | Uniform | Normal | LogNormal, Field(discriminator="kind")
 ]
 
 
@@ -94,7 +94,7 @@ class Closed(_Strict):
     concurrency: PositiveInt
 
 
-Arrival = Annotated[Union[Poisson, Gamma, Closed], Field(discriminator="kind")]
+Arrival = Annotated[Poisson | Gamma | Closed, Field(discriminator="kind")]
 
 
 class Workload(_Strict):
@@ -128,9 +128,15 @@ class QualitySLO(_Strict):
     """How far a config may fall below the model's reference (bf16 weights, KV compression off).
     Every field is optional; each one set is a constraint beside the SLA (objectives.quality)."""
 
-    max_accuracy_drop: Annotated[float, Field(ge=0)] | None = None  # benchmark points below the reference
-    min_top1_agreement: Annotated[float, Field(gt=0, le=1)] | None = None  # share of positions with the reference's top token
-    max_kl: PositiveFloat | None = None  # mean KL divergence from the reference's next-token distribution (nats)
+    max_accuracy_drop: Annotated[float, Field(ge=0)] | None = (
+        None  # benchmark points below the reference
+    )
+    min_top1_agreement: Annotated[float, Field(gt=0, le=1)] | None = (
+        None  # share of positions with the reference's top token
+    )
+    max_kl: PositiveFloat | None = (
+        None  # mean KL divergence from the reference's next-token distribution (nats)
+    )
 
     def bounds(self) -> dict[str, float]:
         """The figure each set field bounds (objectives.quality.FIGURES) and its limit."""
@@ -139,7 +145,11 @@ class QualitySLO(_Strict):
 
 
 # Each quality figure and the SLO field that bounds it (top-1 agreement from below, the others from above).
-QUALITY_SLO_FIELDS = {"accuracy_drop": "max_accuracy_drop", "kl": "max_kl", "top1_agreement": "min_top1_agreement"}
+QUALITY_SLO_FIELDS = {
+    "accuracy_drop": "max_accuracy_drop",
+    "kl": "max_kl",
+    "top1_agreement": "min_top1_agreement",
+}
 
 
 MAX_PEAK_RATE = 1_000_000.0  # req/s
@@ -179,27 +189,44 @@ class Scenario(_Strict):
     # offered rate, so many configs tie on it and the second objective should decide).
     tie_tolerance: Annotated[float, Field(ge=0, le=0.5)] = 0.01
     load: Load = Load()
-    quality: QualitySLO | None = None  # what the configs may cost in accuracy (none: not constrained)
+    quality: QualitySLO | None = (
+        None  # what the configs may cost in accuracy (none: not constrained)
+    )
 
     @model_validator(mode="after")
     def _rate_bounds_bracket(self):
         nominal = self.nominal_rate
         low, high = self.rate_bounds
         if low > nominal:
-            raise ValueError(f"load.min_rate ({low:g}) is above the nominal rate ({nominal:g}); it must not exceed it")
+            raise ValueError(
+                f"load.min_rate ({low:g}) is above the nominal rate ({nominal:g}); it must not exceed it"
+            )
         if high < nominal:
-            raise ValueError(f"load.max_rate ({high:g}) is below the nominal rate ({nominal:g}); it must be at least that")
+            raise ValueError(
+                f"load.max_rate ({high:g}) is below the nominal rate ({nominal:g}); it must be at least that"
+            )
         if self.closed_loop:
-            for field, value in (("min_rate", self.load.min_rate), ("max_rate", self.load.max_rate)):
+            for field, value in (
+                ("min_rate", self.load.min_rate),
+                ("max_rate", self.load.max_rate),
+            ):
                 if value is not None and value != int(value):
-                    raise ValueError(f"load.{field} ({value:g}) must be a whole number: a closed loop's "
-                                     "rate is the number of requests in flight")
+                    raise ValueError(
+                        f"load.{field} ({value:g}) must be a whole number: a closed loop's "
+                        "rate is the number of requests in flight"
+                    )
         if self.load.mode == "capacity" and high <= low:
-            if self.closed_loop and self.load.max_rate is None:  # the ceiling is num_requests, not a field set
-                raise ValueError(f"workload.num_requests ({self.workload.num_requests}) must be above "
-                                 f"workload.arrival.concurrency ({nominal:g}) for a capacity search: a closed loop "
-                                 "never has more requests in flight than it sends (or set load.mode: fixed)")
-            raise ValueError(f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) for a capacity search")
+            if (
+                self.closed_loop and self.load.max_rate is None
+            ):  # the ceiling is num_requests, not a field set
+                raise ValueError(
+                    f"workload.num_requests ({self.workload.num_requests}) must be above "
+                    f"workload.arrival.concurrency ({nominal:g}) for a capacity search: a closed loop "
+                    "never has more requests in flight than it sends (or set load.mode: fixed)"
+                )
+            raise ValueError(
+                f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) for a capacity search"
+            )
         return self
 
     @property
@@ -217,7 +244,11 @@ class Scenario(_Strict):
         nominal = self.nominal_rate
         high = self.load.max_rate
         if high is None:  # a closed loop cannot have more in flight than it has requests
-            high = max(nominal, min(nominal * 64, self.workload.num_requests)) if self.closed_loop else nominal * 64
+            high = (
+                max(nominal, min(nominal * 64, self.workload.num_requests))
+                if self.closed_loop
+                else nominal * 64
+            )
         return self.load.min_rate or nominal, high
 
     def at_rate(self, rate: float, seed_offset: int = 0) -> Workload:
@@ -227,7 +258,9 @@ class Scenario(_Strict):
             arrival = arrival.model_copy(update={"concurrency": max(1, round(rate))})
         else:
             arrival = arrival.model_copy(update={"rate": float(rate)})
-        return self.workload.model_copy(update={"arrival": arrival, "seed": self.workload.seed + seed_offset})
+        return self.workload.model_copy(
+            update={"arrival": arrival, "seed": self.workload.seed + seed_offset}
+        )
 
 
 PRESETS = resources.files("objectives") / "presets"
@@ -239,4 +272,6 @@ def preset_names() -> list[str]:
 
 def load_scenario(name_or_path: str) -> Scenario:
     """A preset name (see `autotune scenarios`) or the path of a user's YAML file."""
-    return userfile.load_preset_or_file(PRESETS, name_or_path, Scenario, "--scenario: unknown scenario")
+    return userfile.load_preset_or_file(
+        PRESETS, name_or_path, Scenario, "--scenario: unknown scenario"
+    )

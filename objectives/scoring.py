@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from objectives.scenario import SLA, QualitySLO, Scenario
 
@@ -13,7 +14,11 @@ DIRECTIONS = ("minimize", "maximize")
 
 
 def objective_names(scenario: Scenario) -> tuple[str, str]:
-    throughput = "capacity_output_tokens_per_s" if scenario.load.mode == "capacity" else "output_tokens_per_s"
+    throughput = (
+        "capacity_output_tokens_per_s"
+        if scenario.load.mode == "capacity"
+        else "output_tokens_per_s"
+    )
     return "ttft_p99_ms", throughput
 
 
@@ -41,7 +46,9 @@ def constraint_values(metrics: dict[str, Any], sla: SLA) -> dict[str, float]:
 QUALITY_PREFIX = "quality_"  # quality constraints' names start with it, beside the SLA's
 
 
-def quality_constraint_values(figures: dict[str, float | None], slo: QualitySLO | None) -> dict[str, float]:
+def quality_constraint_values(
+    figures: dict[str, float | None], slo: QualitySLO | None
+) -> dict[str, float]:
     """The quality SLO in the same form: how far each bounded figure is past its limit, in the
     figure's own units (points, nats, share), <= 0 feasible. A figure nobody could supply cannot
     prove the SLO met: it counts as violated by 1."""
@@ -51,7 +58,9 @@ def quality_constraint_values(figures: dict[str, float | None], slo: QualitySLO 
         if value is None:
             constraints[QUALITY_PREFIX + figure] = 1.0
         else:
-            constraints[QUALITY_PREFIX + figure] = limit - value if figure == "top1_agreement" else value - limit
+            constraints[QUALITY_PREFIX + figure] = (
+                limit - value if figure == "top1_agreement" else value - limit
+            )
     return constraints
 
 
@@ -64,7 +73,9 @@ def is_feasible(constraints: dict[str, float]) -> bool:
     return all(value <= 0 for value in constraints.values())
 
 
-def pick_best(candidates: Sequence[tuple[Any, float, float]], pick: str, tie_tolerance: float = 0.0) -> Any | None:
+def pick_best(
+    candidates: Sequence[tuple[Any, float, float]], pick: str, tie_tolerance: float = 0.0
+) -> Any | None:
     """candidates: (key, ttft_p99_ms, output_tokens_per_s), all SLA-feasible.
 
     max-throughput: highest throughput; among those within tie_tolerance of it, lowest TTFT p99.

@@ -34,7 +34,9 @@ def describe_validation_error(source: str, error: ValidationError) -> str:
     first = error.errors()[0]
     loc = ".".join(str(part) for part in first["loc"])
     where = f"{loc}: " if loc else ""
-    message = first["msg"].removeprefix("Value error, ")  # a validator's own sentence names its fields
+    message = first["msg"].removeprefix(
+        "Value error, "
+    )  # a validator's own sentence names its fields
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return f"{source}: {where}{message}{more}"
 
@@ -63,7 +65,9 @@ def read_text(path: Path, what: str = "file") -> str:
     if not stat.S_ISREG(info.st_mode):
         raise InputError(f"{path}: not a regular file (a pipe, socket or device); give a {what}")
     if info.st_size > MAX_USER_FILE_BYTES:
-        raise InputError(f"{path}: {info.st_size:,} bytes; a {what} here is at most {MAX_USER_FILE_BYTES:,} bytes")
+        raise InputError(
+            f"{path}: {info.st_size:,} bytes; a {what} here is at most {MAX_USER_FILE_BYTES:,} bytes"
+        )
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
@@ -76,7 +80,13 @@ def _non_finite(data: object, where: str = "") -> str | None:
     """The first path to an infinite or NaN number: no figure a user writes may be one."""
     if isinstance(data, float) and not math.isfinite(data):
         return where or "(top level)"
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    items = (
+        data.items()
+        if isinstance(data, dict)
+        else enumerate(data)
+        if isinstance(data, list)
+        else ()
+    )
     for key, value in items:
         found = _non_finite(value, f"{where}.{key}" if where else str(key))
         if found:
@@ -104,7 +114,9 @@ def load_yaml(path: Path, model: type[M]) -> M:
 
 
 def preset_names(folder: Traversable) -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def load_preset_or_file(folder: Traversable, name_or_path: str, model: type[M], unknown: str) -> M:
@@ -118,4 +130,6 @@ def load_preset_or_file(folder: Traversable, name_or_path: str, model: type[M], 
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or os.path.lexists(path):
         return load_yaml(path, model)
-    raise InputError(f"{unknown} {name_or_path!r}; presets: {', '.join(names)} (or the path of a YAML file)")
+    raise InputError(
+        f"{unknown} {name_or_path!r}; presets: {', '.join(names)} (or the path of a YAML file)"
+    )

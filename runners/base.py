@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from objectives.scenario import SLA, Workload
+from objectives.userfile import InputError
 from runners.measurement import Measurement
 from search_spaces.space import SearchSpace
-from objectives.userfile import InputError
 
 
 class Session(Protocol):
@@ -17,7 +18,9 @@ class Session(Protocol):
 
     extra: dict[str, Any]  # facts of the engine's life (start and stop times, log, pid)
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
+    def measure(
+        self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
+    ) -> Measurement:
         """Serve one load, whole; with stop_early and an SLA, stop as soon as the SLA is certainly
         missed (fault "sla-violated"). The same meaning on every runner."""
 
@@ -45,17 +48,29 @@ class Runner(Protocol):
         """The engine's arguments for the config (search_spaces.engines), less host, port and
         local paths: what a trial records and its export holds. None: not an argument list."""
 
-    def session(self, config: dict[str, Any], workload: Workload) -> AbstractContextManager[Session]:
+    def session(
+        self, config: dict[str, Any], workload: Workload
+    ) -> AbstractContextManager[Session]:
         """Start serving the config (the workload's lengths size the engine); stop on exit.
         A config that cannot start gives a session whose every measurement carries the fault."""
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
-            stop_early: bool = False) -> Measurement:
+    def run(
+        self,
+        config: dict[str, Any],
+        workload: Workload,
+        sla: SLA | None = None,
+        stop_early: bool = False,
+    ) -> Measurement:
         """Serve the workload with the config once (see run_once). Failures come back as Measurement.fault."""
 
 
-def run_once(runner: Runner, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
-             stop_early: bool = False) -> Measurement:
+def run_once(
+    runner: Runner,
+    config: dict[str, Any],
+    workload: Workload,
+    sla: SLA | None = None,
+    stop_early: bool = False,
+) -> Measurement:
     with runner.session(config, workload) as session:
         measurement = session.measure(workload, sla, stop_early)
     measurement.extra = session.extra | measurement.extra
@@ -68,31 +83,48 @@ class FailedSession:
     def __init__(self, fault, extra: dict[str, Any] | None = None):
         self.fault, self.extra = fault, extra or {}
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
+    def measure(
+        self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
+    ) -> Measurement:
         return Measurement.failed(self.fault)
 
 
-def _make_sim(engine: str, model: str | None, hardware: str | None, engine_cmd: str | None,
-              runner_config: Path | None) -> Runner:
+def _make_sim(
+    engine: str,
+    model: str | None,
+    hardware: str | None,
+    engine_cmd: str | None,
+    runner_config: Path | None,
+) -> Runner:
     from runners.sim.runner import SimRunner
 
     for flag, value in (("--engine-cmd", engine_cmd), ("--runner-config", runner_config)):
         if value is not None:
-            raise InputError(f"{flag}: the sim runner starts no engine; use --runner vllm, llamacpp, mindie or openai")
+            raise InputError(
+                f"{flag}: the sim runner starts no engine; use --runner vllm, llamacpp, mindie or openai"
+            )
     return SimRunner(engine=engine, model=model or "qwen2-7b", hardware=hardware or "ascend-910b2")
 
 
 def _served(module: str, cls: str) -> Callable[..., Runner]:
-    def make(engine: str, model: str | None, hardware: str | None, engine_cmd: str | None,
-             runner_config: Path | None) -> Runner:
+    def make(
+        engine: str,
+        model: str | None,
+        hardware: str | None,
+        engine_cmd: str | None,
+        runner_config: Path | None,
+    ) -> Runner:
         from importlib import import_module
 
         from runners.served import load_settings
 
         runner_cls = getattr(import_module(module), cls)
-        settings = load_settings(runner_cls.settings_model, runner_config,
-                                 model=Path(model) if model else None,
-                                 engine_cmd=[engine_cmd] if engine_cmd else None)
+        settings = load_settings(
+            runner_cls.settings_model,
+            runner_config,
+            model=Path(model) if model else None,
+            engine_cmd=[engine_cmd] if engine_cmd else None,
+        )
         return runner_cls(settings, hardware)
 
     return make

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible
@@ -36,7 +37,15 @@ from runners.measurement import Fault, Measurement, summarize
 CAPACITY_RAMP = 2.0  # rate factor per bracketing step
 
 # The per-step figures kept in the trial, so a latency-throughput curve can be drawn.
-STEP_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "output_tokens_per_s", "requests_per_s", "ttft_samples")
+STEP_METRICS = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "output_tokens_per_s",
+    "requests_per_s",
+    "ttft_samples",
+)
 
 
 @dataclass
@@ -67,8 +76,11 @@ class Evaluation:
 def _step(session: Session, scenario: Scenario, rate: float, stop_early: bool) -> Step:
     m = session.measure(scenario.at_rate(rate), scenario.sla, stop_early)
     metrics = summarize(m, scenario.sla) if m.sent else {}
-    meets_sla = (m.fault is None and metrics.get("ttft_p99_ms") is not None
-                 and is_feasible(constraint_values(metrics, scenario.sla)))
+    meets_sla = (
+        m.fault is None
+        and metrics.get("ttft_p99_ms") is not None
+        and is_feasible(constraint_values(metrics, scenario.sla))
+    )
     return Step(rate, m, metrics, meets_sla)
 
 
@@ -129,19 +141,30 @@ class _Search:
         while self.highest_met is None and self.lowest_missed > floor:
             if not self._measure(self._as_rate(max(self.lowest_missed / CAPACITY_RAMP, floor))):
                 return
-        while self.highest_met is not None and self.lowest_missed is not None and not self._narrow_enough():
+        while (
+            self.highest_met is not None
+            and self.lowest_missed is not None
+            and not self._narrow_enough()
+        ):
             low, high = self.highest_met, self.lowest_missed
             middle = math.floor((low + high) / 2) if self.closed else math.sqrt(low * high)
             if not self._measure(float(middle)):
                 return
 
 
-def evaluate(runner: Runner, config: dict[str, Any], scenario: Scenario, seed_offset: int = 0,
-             on_session: Callable[[Session], None] | None = None) -> Evaluation:
+def evaluate(
+    runner: Runner,
+    config: dict[str, Any],
+    scenario: Scenario,
+    seed_offset: int = 0,
+    on_session: Callable[[Session], None] | None = None,
+) -> Evaluation:
     """Measure a config as the scenario's load mode says; seed_offset shifts every step's
     requests. `on_session` is called once the engine serves the config, before any load."""
     if seed_offset:
-        scenario = scenario.model_copy(update={"workload": scenario.at_rate(scenario.nominal_rate, seed_offset)})
+        scenario = scenario.model_copy(
+            update={"workload": scenario.at_rate(scenario.nominal_rate, seed_offset)}
+        )
     started = time.monotonic()
     search = None
     with runner.session(config, scenario.workload) as session:
@@ -149,7 +172,9 @@ def evaluate(runner: Runner, config: dict[str, Any], scenario: Scenario, seed_of
             on_session(session)
         # Measured whole: its TTFT p99 is an objective and its SLA check the trial's constraint.
         nominal = _step(session, scenario, scenario.nominal_rate, stop_early=False)
-        measured = nominal.measurement.fault is None and nominal.metrics.get("ttft_p99_ms") is not None
+        measured = (
+            nominal.measurement.fault is None and nominal.metrics.get("ttft_p99_ms") is not None
+        )
         if measured and scenario.load.mode == "capacity":
             limit = scenario.load.max_trial_s
             search = _Search(session, scenario, None if limit is None else started + limit)
@@ -181,11 +206,19 @@ def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
         "capacity_steps": [s.record() for s in search.steps],
     }
     if good is None:
-        metrics["capacity_note"] = f"misses the SLA even at the lowest rate searched ({low_bound:g})"
+        metrics["capacity_note"] = (
+            f"misses the SLA even at the lowest rate searched ({low_bound:g})"
+        )
     if search.engine_fault is not None:
         fault = search.engine_fault.measurement.fault
-        metrics["capacity_note"] = f"the search stopped at rate {search.engine_fault.rate:g}: {fault.kind}: {fault.message}"[:500]
+        metrics["capacity_note"] = (
+            f"the search stopped at rate {search.engine_fault.rate:g}: {fault.kind}: {fault.message}"[
+                :500
+            ]
+        )
     if scenario.load.peak_rate is not None:
         rps = metrics["capacity_rps"]
-        metrics["instances_for_peak"] = math.ceil(scenario.load.peak_rate / rps) if rps > 0 else None
+        metrics["instances_for_peak"] = (
+            math.ceil(scenario.load.peak_rate / rps) if rps > 0 else None
+        )
     return metrics

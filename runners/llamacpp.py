@@ -15,17 +15,16 @@ from typing import Any
 
 from pydantic import Field, PositiveFloat
 
-from objectives.scenario import Workload
 from objectives.quality import QualityFigure
+from objectives.scenario import Workload
+from objectives.userfile import InputError
 from runners.base import Session
 from runners.llamacpp_quality import PerplexityQuality
 from runners.process import EngineFailed
 from runners.quality import QualityUnavailable, model_key
-from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner, special_token_bias
+from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner, special_token_bias
 from search_spaces.engines import llamacpp_args, violations
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES
-from objectives.userfile import InputError
-
 
 # Runs convert_hf_to_gguf.py in-process so a tokenizer it does not know by hash can be told
 # which pre-tokenizer it follows; arguments come as argv, never pasted into code.
@@ -49,13 +48,25 @@ convert.main()
 class LlamaCppSettings(RunnerSettings):
     quantize_cmd: Path | None = None  # default: llama-quantize beside llama-server
     convert_script: Path | None = None  # default: convert_hf_to_gguf.py in the folder above bin/
-    convert_python: Path | None = None  # a Python with torch, safetensors, numpy; default: autotune's
-    pre_tokenizer: str | None = None  # force convert_hf_to_gguf's pre-tokenizer (a custom tokenizer)
+    convert_python: Path | None = (
+        None  # a Python with torch, safetensors, numpy; default: autotune's
+    )
+    pre_tokenizer: str | None = (
+        None  # force convert_hf_to_gguf's pre-tokenizer (a custom tokenizer)
+    )
     gguf_cache: Path = Path.home() / ".cache" / "autotune" / "gguf"
-    threads: int | None = Field(default=None, ge=1)  # -t; 1 makes runs repeat within ~1% on a busy CPU
-    flash_attention: bool = True  # -fa on: quantized V caches need it; kept on so KV type is the only change
-    perplexity_cmd: Path | None = None  # llama-perplexity (the quality figure); default: beside llama-server
-    quality_timeout_s: PositiveFloat = 1800.0  # one llama-perplexity run (a 7B model on a CPU takes minutes)
+    threads: int | None = Field(
+        default=None, ge=1
+    )  # -t; 1 makes runs repeat within ~1% on a busy CPU
+    flash_attention: bool = (
+        True  # -fa on: quantized V caches need it; kept on so KV type is the only change
+    )
+    perplexity_cmd: Path | None = (
+        None  # llama-perplexity (the quality figure); default: beside llama-server
+    )
+    quality_timeout_s: PositiveFloat = (
+        1800.0  # one llama-perplexity run (a 7B model on a CPU takes minutes)
+    )
 
 
 def _run_step(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -75,21 +86,32 @@ class LlamaCppRunner(ServedRunner):
         self.require_command_and_model("the path of llama-server")
         server = Path(settings.engine_cmd[0])
         self.quantize_cmd = settings.quantize_cmd or server.with_name("llama-quantize")
-        self.convert_script = settings.convert_script or server.parent.parent / "convert_hf_to_gguf.py"
+        self.convert_script = (
+            settings.convert_script or server.parent.parent / "convert_hf_to_gguf.py"
+        )
         self.cache = settings.gguf_cache / f"{settings.model.name}-{model_key(settings.model)}"
         self.perplexity_cmd = settings.perplexity_cmd or server.with_name("llama-perplexity")
         if not (self.cache / "BF16.gguf").exists() and not self.convert_script.is_file():
-            raise InputError(f"convert_script: {self.convert_script} not found; give the path of llama.cpp's "
-                             "convert_hf_to_gguf.py in --runner-config")
+            raise InputError(
+                f"convert_script: {self.convert_script} not found; give the path of llama.cpp's "
+                "convert_hf_to_gguf.py in --runner-config"
+            )
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         return violations("llamacpp", config, workload)
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str]:
-        return llamacpp_args(config, workload, self.settings.flash_attention, self.settings.threads,
-                             self.settings.extra_args)
+        return llamacpp_args(
+            config,
+            workload,
+            self.settings.flash_attention,
+            self.settings.threads,
+            self.settings.extra_args,
+        )
 
-    def measure_quality(self, config: dict[str, Any], session: Session, eval_prompts: list[str]) -> QualityFigure:
+    def measure_quality(
+        self, config: dict[str, Any], session: Session, eval_prompts: list[str]
+    ) -> QualityFigure:
         """llama-perplexity's KL divergence beside the server (runners/llamacpp_quality.py); the
         session is not used: the tool loads the config's GGUF itself."""
         return self._perplexity().measure(config, eval_prompts)
@@ -99,8 +121,10 @@ class LlamaCppRunner(ServedRunner):
 
     def _perplexity(self) -> PerplexityQuality:
         if not self.perplexity_cmd.is_file():
-            raise QualityUnavailable(f"perplexity_cmd: {self.perplexity_cmd} not found; build llama.cpp's "
-                                     "llama-perplexity (.ci/setup-engines does) or give its path in --runner-config")
+            raise QualityUnavailable(
+                f"perplexity_cmd: {self.perplexity_cmd} not found; build llama.cpp's "
+                "llama-perplexity (.ci/setup-engines does) or give its path in --runner-config"
+            )
         return PerplexityQuality(self, self.perplexity_cmd, self.settings.quality_timeout_s)
 
     def gguf(self, precision: str) -> Path:
@@ -117,22 +141,53 @@ class LlamaCppRunner(ServedRunner):
                 self._convert(base)
             if not target.exists():
                 partial = target.with_suffix(".partial")
-                _run_step([str(self.quantize_cmd), str(base), str(partial), kind], f"llama-quantize to {kind}")
+                _run_step(
+                    [str(self.quantize_cmd), str(base), str(partial), kind],
+                    f"llama-quantize to {kind}",
+                )
                 os.replace(partial, target)
         return target
 
     def _convert(self, out: Path) -> None:
         partial = out.with_suffix(".partial")
         python = str(self.settings.convert_python or sys.executable)
-        argv = [python, "-c", _CONVERT, str(self.convert_script), self.settings.pre_tokenizer or "",
-                str(self.settings.model), "--outfile", str(partial), "--outtype", "bf16"]
+        argv = [
+            python,
+            "-c",
+            _CONVERT,
+            str(self.convert_script),
+            self.settings.pre_tokenizer or "",
+            str(self.settings.model),
+            "--outfile",
+            str(partial),
+            "--outtype",
+            "bf16",
+        ]
         _run_step(argv, f"converting {self.settings.model} to GGUF")
         os.replace(partial, out)
 
-    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+    def launch(
+        self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
+    ) -> Launch:
         gguf = self.gguf(config.get("quantization", "bf16"))
-        argv = [*self.settings.engine_cmd, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                "--alias", SERVED_NAME, "--metrics",
-                # Verbosity 4 logs what the engine set up (file type, KV types, batch sizes).
-                "-lv", "4", *self.engine_args(config, workload)]
-        return Launch(argv=argv, model=SERVED_NAME, extra_body={"logit_bias": special_token_bias(self.settings.model)})
+        argv = [
+            *self.settings.engine_cmd,
+            "-m",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--alias",
+            SERVED_NAME,
+            "--metrics",
+            # Verbosity 4 logs what the engine set up (file type, KV types, batch sizes).
+            "-lv",
+            "4",
+            *self.engine_args(config, workload),
+        ]
+        return Launch(
+            argv=argv,
+            model=SERVED_NAME,
+            extra_body={"logit_bias": special_token_bias(self.settings.model)},
+        )

@@ -24,11 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from objectives.quality import REFERENCE, QualityFigure
-from runners.quality import QualityUnavailable, describe_pair, eval_set_hash, locked, quality_pair, reference_path
+from runners.quality import (
+    QualityUnavailable,
+    describe_pair,
+    eval_set_hash,
+    locked,
+    quality_pair,
+    reference_path,
+)
 from search_spaces.engines import llamacpp_flash, llamacpp_repack
 from search_spaces.knobs import LLAMACPP_KV_TYPES
 
-MAX_CONTEXT = 128  # -c: chunks of 128 tokens score 63 positions each; the shipped set holds many chunks
+MAX_CONTEXT = (
+    128  # -c: chunks of 128 tokens score 63 positions each; the shipped set holds many chunks
+)
 MIN_CONTEXT = 16  # below this a chunk's context says little about the text
 _ATTEMPTS = 3
 _NUMBER = r"(-?[\d.]+(?:[eE][-+]?\d+)?)"
@@ -52,12 +61,18 @@ def parse_kl_output(text: str) -> KLDivergence:
     if not (mean and same and chunks):
         raise QualityUnavailable(f"llama-perplexity printed no KL divergence: {last_words(text)}")
     n_chunk, n_ctx = int(chunks.group(1)), int(chunks.group(2))
-    return KLDivergence(float(mean.group(1)), float(same.group(1)) / 100, n_chunk * (n_ctx - 1 - n_ctx // 2))
+    return KLDivergence(
+        float(mean.group(1)), float(same.group(1)) / 100, n_chunk * (n_ctx - 1 - n_ctx // 2)
+    )
 
 
 def last_words(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower() or "need" in line]
+    errors = [
+        line
+        for line in lines
+        if "error" in line.lower() or "failed" in line.lower() or "need" in line
+    ]
     return " | ".join((errors or lines)[-3:])[:500] or "(no output)"
 
 
@@ -66,8 +81,10 @@ def context_for(tokens: int) -> int:
     tokens kept spare for the BOS and tokenizer differences); at most MAX_CONTEXT."""
     context = min(MAX_CONTEXT, (tokens - 4) // 2)
     if context < MIN_CONTEXT:
-        raise QualityUnavailable(f"the evaluation set is {tokens} tokens; llama-perplexity needs at least "
-                                 f"{2 * MIN_CONTEXT + 4} (two chunks of {MIN_CONTEXT}): give more text")
+        raise QualityUnavailable(
+            f"the evaluation set is {tokens} tokens; llama-perplexity needs at least "
+            f"{2 * MIN_CONTEXT + 4} (two chunks of {MIN_CONTEXT}): give more text"
+        )
     return context
 
 
@@ -78,14 +95,18 @@ def cache_type(kv_compression: float) -> str:
 
 def _run(argv: list[str], timeout_s: float) -> str:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, start_new_session=True
+        )
     except subprocess.TimeoutExpired:
         raise QualityUnavailable(f"llama-perplexity did not finish in {timeout_s:g} s") from None
     except OSError as error:
         raise QualityUnavailable(f"cannot run {argv[0]}: {error.strerror}") from None
     output = done.stdout + done.stderr
     if done.returncode != 0:
-        raise QualityUnavailable(f"llama-perplexity failed (exit {done.returncode}): {last_words(output)}")
+        raise QualityUnavailable(
+            f"llama-perplexity failed (exit {done.returncode}): {last_words(output)}"
+        )
     return output
 
 
@@ -98,16 +119,28 @@ class PerplexityQuality:
     def _args(self, context: int, precision: str, kv_type: str) -> list[str]:
         """The model and cache as the server has them (search_spaces.engines' rules)."""
         threads = self.runner.settings.threads
-        return ["-m", str(self.runner.gguf(precision)), "-c", str(context), "-ctk", kv_type, "-ctv", kv_type,
-                *llamacpp_flash(kv_type, self.runner.settings.flash_attention),
-                *(["-t", str(threads)] if threads else []), *llamacpp_repack(precision)]
+        return [
+            "-m",
+            str(self.runner.gguf(precision)),
+            "-c",
+            str(context),
+            "-ctk",
+            kv_type,
+            "-ctv",
+            kv_type,
+            *llamacpp_flash(kv_type, self.runner.settings.flash_attention),
+            *(["-t", str(threads)] if threads else []),
+            *llamacpp_repack(precision),
+        ]
 
     def reference(self, prompts: list[str]) -> tuple[Path, int]:
         """The reference's log-probabilities file (measured once, then kept) and its -c."""
         settings = self.runner.settings
         text = "\n\n".join(prompts)
         context = context_for(len(self.runner.tokenizer()(text)["input_ids"]))
-        base = reference_path(settings.quality_cache, settings.model, "llamacpp", prompts, f"-c{context}.kld")
+        base = reference_path(
+            settings.quality_cache, settings.model, "llamacpp", prompts, f"-c{context}.kld"
+        )
         if base.exists():
             return base, context
         with locked(base):
@@ -116,20 +149,33 @@ class PerplexityQuality:
             text_file = base.with_name(base.name + ".txt")
             text_file.write_text(text, encoding="utf-8")
             partial = base.with_name(base.name + ".partial")
-            argv = [str(self.command), "-f", str(text_file), "--kl-divergence-base", str(partial),
-                    *self._args(context, REFERENCE[0], cache_type(REFERENCE[1]))]
+            argv = [
+                str(self.command),
+                "-f",
+                str(text_file),
+                "--kl-divergence-base",
+                str(partial),
+                *self._args(context, REFERENCE[0], cache_type(REFERENCE[1])),
+            ]
             output = _run(argv, self.timeout_s)
             # It exits 0 even when the text is too short: the file tells.
             if not partial.exists() or partial.stat().st_size <= 8:
-                raise QualityUnavailable(f"llama-perplexity wrote no reference log-probabilities: {last_words(output)}")
+                raise QualityUnavailable(
+                    f"llama-perplexity wrote no reference log-probabilities: {last_words(output)}"
+                )
             os.replace(partial, base)
         return base, context
 
     def kl(self, precision: str, kv_type: str, prompts: list[str]) -> tuple[KLDivergence, int]:
         """The KL run of a precision's GGUF with a KV-cache type, against the reference; and its -c."""
         base, context = self.reference(prompts)
-        argv = [str(self.command), "--kl-divergence-base", str(base), "--kl-divergence",
-                *self._args(context, precision, kv_type)]
+        argv = [
+            str(self.command),
+            "--kl-divergence-base",
+            str(base),
+            "--kl-divergence",
+            *self._args(context, precision, kv_type),
+        ]
         for _ in range(_ATTEMPTS):
             output = _run(argv, self.timeout_s)
             # Its log thread can lose the last lines at exit (exit status 0, about 1 run in 20
@@ -143,9 +189,16 @@ class PerplexityQuality:
         precision, kv = quality_pair(config)
         result, context = self.kl(precision, cache_type(kv), prompts)
         return QualityFigure(
-            kl=max(result.mean_kld, 0.0),  # the base file's 16-bit log-probs can leave -1e-6 for identical runs
-            top1_agreement=result.same_top, source="measured", samples=result.positions,
-            note=(f"{describe_pair(config)} against the reference (BF16 GGUF, f16 KV cache): llama-perplexity "
-                  f"--kl-divergence over the full vocabulary, -c {context} (the last {context - 1 - context // 2} "
-                  f"positions of each chunk scored), evaluation set {eval_set_hash(prompts)}; "
-                  f"{time.monotonic() - started:.1f} s"))
+            kl=max(
+                result.mean_kld, 0.0
+            ),  # the base file's 16-bit log-probs can leave -1e-6 for identical runs
+            top1_agreement=result.same_top,
+            source="measured",
+            samples=result.positions,
+            note=(
+                f"{describe_pair(config)} against the reference (BF16 GGUF, f16 KV cache): llama-perplexity "
+                f"--kl-divergence over the full vocabulary, -c {context} (the last {context - 1 - context // 2} "
+                f"positions of each chunk scored), evaluation set {eval_set_hash(prompts)}; "
+                f"{time.monotonic() - started:.1f} s"
+            ),
+        )

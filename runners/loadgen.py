@@ -51,7 +51,7 @@ class RejectionRule:
     min_success_rate: float
 
     @classmethod
-    def of(cls, sla: SLA) -> "RejectionRule":
+    def of(cls, sla: SLA) -> RejectionRule:
         return cls(sla.ttft_p99_ms / 1000, sla.required_success_rate)
 
 
@@ -75,7 +75,13 @@ class _Record:
 
 
 class _Load:
-    def __init__(self, target: Target, prompts: list[str], requests: Requests, rejection: RejectionRule | None):
+    def __init__(
+        self,
+        target: Target,
+        prompts: list[str],
+        requests: Requests,
+        rejection: RejectionRule | None,
+    ):
         self.target = target
         self.prompts = prompts
         self.requests = requests
@@ -89,15 +95,24 @@ class _Load:
         return time.perf_counter() - self.t0
 
     def payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
-        return {"model": self.target.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0,
-                **self.target.extra_body}
+        return {
+            "model": self.target.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.0,
+            **self.target.extra_body,
+        }
 
     async def send(self, client: httpx.AsyncClient, i: int) -> None:
         record = self.records[i]
         body = self.payload(self.prompts[i], int(self.requests.output_tokens[i]))
         try:
-            await asyncio.wait_for(self._stream(client, body, record), self.target.request_timeout_s * 4)
+            await asyncio.wait_for(
+                self._stream(client, body, record), self.target.request_timeout_s * 4
+            )
         except asyncio.TimeoutError:
             record.error = f"no answer within {self.target.request_timeout_s * 4:g} s"
             record.stalled = True
@@ -187,10 +202,14 @@ class _Load:
             return
         late_ok, late_in_flight, failed = self.tally()
         rule = self.rejection
-        if load_certainly_fails(len(self.records), late_ok, late_in_flight, failed, rule.min_success_rate):
-            self.rejected = (f"SLA certainly broken (TTFT p99 bound {rule.ttft_bound_s * 1000:g} ms, success rate "
-                             f">= {rule.min_success_rate:g}): of {len(self.records)} planned requests {late_ok} "
-                             f"succeeded late, {late_in_flight} are late in flight, {failed} failed")
+        if load_certainly_fails(
+            len(self.records), late_ok, late_in_flight, failed, rule.min_success_rate
+        ):
+            self.rejected = (
+                f"SLA certainly broken (TTFT p99 bound {rule.ttft_bound_s * 1000:g} ms, success rate "
+                f">= {rule.min_success_rate:g}): of {len(self.records)} planned requests {late_ok} "
+                f"succeeded late, {late_in_flight} are late in flight, {failed} failed"
+            )
             self.done.set()
 
     async def watch(self) -> None:
@@ -230,7 +249,11 @@ class _Load:
                 if warm.error:
                     raise httpx.HTTPError(f"warm-up request failed: {warm.error}")
             self.t0 = time.perf_counter()
-            drive = self.open_loop(client) if self.requests.arrival_s is not None else self.closed_loop(client)
+            drive = (
+                self.open_loop(client)
+                if self.requests.arrival_s is not None
+                else self.closed_loop(client)
+            )
             load = asyncio.create_task(drive)
             watcher = asyncio.create_task(self.watch())
             stopper = asyncio.create_task(self.done.wait())
@@ -241,8 +264,13 @@ class _Load:
             await asyncio.gather(load, watcher, stopper, return_exceptions=True)
 
 
-def drive(target: Target, prompts: list[str], requests: Requests, warmup: list[str],
-          rejection: RejectionRule | None) -> tuple[Measurement, str | None]:
+def drive(
+    target: Target,
+    prompts: list[str],
+    requests: Requests,
+    warmup: list[str],
+    rejection: RejectionRule | None,
+) -> tuple[Measurement, str | None]:
     """Run the load; the measurement and, when it was stopped early (by `rejection`), why."""
     load = _Load(target, prompts, requests, rejection)
     asyncio.run(load.run(warmup))
@@ -253,8 +281,13 @@ def drive(target: Target, prompts: list[str], requests: Requests, warmup: list[s
             if r.ok is False and not r.error:
                 r.error = "stopped by early rejection"
     planned_inputs = requests.input_tokens[: len(sent)]
-    inputs = np.array([r.prompt_tokens if r.prompt_tokens >= 0 else planned for r, planned in zip(sent, planned_inputs)],
-                      dtype=np.int64)
+    inputs = np.array(
+        [
+            r.prompt_tokens if r.prompt_tokens >= 0 else planned
+            for r, planned in zip(sent, planned_inputs)
+        ],
+        dtype=np.int64,
+    )
     gaps = [g for r in sent if r.ok for g in r.gaps]
     measurement = Measurement(
         send_s=np.array([r.send for r in sent]),

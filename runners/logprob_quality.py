@@ -22,15 +22,26 @@ import httpx
 from objectives.quality import QualityFigure
 from objectives.scenario import Closed, Fixed, Workload
 from runners.base import FailedSession
-from runners.quality import (QualityUnavailable, describe_pair, eval_set_hash, is_reference, locked, reference_config,
-                             reference_path)
+from runners.quality import (
+    QualityUnavailable,
+    describe_pair,
+    eval_set_hash,
+    is_reference,
+    locked,
+    reference_config,
+    reference_path,
+)
 
 TOP_K = 20  # logprobs per position: vLLM's default --max-logprobs (its cap), which the runner passes explicitly
 WINDOW = 64  # tokens per evaluated sequence: short enough for any trial's max-model-len, long prompts are cut
-_FLOOR = 1e-12  # a bucket the candidate gives no mass: a huge but finite divergence, not an infinity
+_FLOOR = (
+    1e-12  # a bucket the candidate gives no mass: a huge but finite divergence, not an infinity
+)
 FORMAT = 1  # of the reference file; a change of format or method is a new file
 
-Distribution = dict[int, float]  # token id -> logprob: the k most likely tokens and the prompt's own
+Distribution = dict[
+    int, float
+]  # token id -> logprob: the k most likely tokens and the prompt's own
 
 
 def token_windows(tokenizer, prompts: list[str], window: int = WINDOW) -> list[list[int]]:
@@ -39,7 +50,7 @@ def token_windows(tokenizer, prompts: list[str], window: int = WINDOW) -> list[l
     windows = []
     for text in prompts:
         ids = list(tokenizer(text)["input_ids"])
-        windows += [ids[start:start + window] for start in range(0, len(ids), window)]
+        windows += [ids[start : start + window] for start in range(0, len(ids), window)]
     return [piece for piece in windows if len(piece) >= 2]
 
 
@@ -64,14 +75,21 @@ def top_tokens(distribution: Distribution) -> set[int]:
     return {token for token, logprob in distribution.items() if logprob == best}
 
 
-def compare(reference: list[list[Distribution]], candidate: list[list[Distribution]]) -> tuple[float, float, int]:
+def compare(
+    reference: list[list[Distribution]], candidate: list[list[Distribution]]
+) -> tuple[float, float, int]:
     """Mean KL, top-1 agreement and the number of positions, over every scored position. A
     position agrees when a most likely token of one side is a most likely token of the other
     (a tie broken one way in one list and the other way in the other is no disagreement)."""
-    pairs = [(r, c) for ref_seq, cand_seq in zip(reference, candidate, strict=True)
-             for r, c in zip(ref_seq, cand_seq, strict=True)]
+    pairs = [
+        (r, c)
+        for ref_seq, cand_seq in zip(reference, candidate, strict=True)
+        for r, c in zip(ref_seq, cand_seq, strict=True)
+    ]
     if not pairs:
-        raise QualityUnavailable("the evaluation set has no position to score (every prompt is one token)")
+        raise QualityUnavailable(
+            "the evaluation set has no position to score (every prompt is one token)"
+        )
     kl = sum(bucket_kl(r, c) for r, c in pairs) / len(pairs)
     agree = sum(bool(top_tokens(r) & top_tokens(c)) for r, c in pairs) / len(pairs)
     return kl, agree, len(pairs)
@@ -79,41 +97,64 @@ def compare(reference: list[list[Distribution]], candidate: list[list[Distributi
 
 def _parse_position(entry: Any, token: int, where: str) -> Distribution:
     if not isinstance(entry, dict) or not entry:
-        raise QualityUnavailable(f"{where}: prompt_logprobs has no distribution for a prompt position")
+        raise QualityUnavailable(
+            f"{where}: prompt_logprobs has no distribution for a prompt position"
+        )
     try:
         distribution = {int(key): float(value["logprob"]) for key, value in entry.items()}
     except (ValueError, TypeError, KeyError):
-        raise QualityUnavailable(f"{where}: prompt_logprobs entries are not token id -> {{logprob}}") from None
+        raise QualityUnavailable(
+            f"{where}: prompt_logprobs entries are not token id -> {{logprob}}"
+        ) from None
     if token not in distribution:  # the server scored other tokens than the ones sent
         raise QualityUnavailable(f"{where}: prompt_logprobs does not carry the prompt's own tokens")
     return distribution
 
 
-def fetch_prompt_logprobs(base_url: str, model: str, windows: list[list[int]], timeout_s: float,
-                          top_k: int = TOP_K) -> list[list[Distribution]]:
+def fetch_prompt_logprobs(
+    base_url: str, model: str, windows: list[list[int]], timeout_s: float, top_k: int = TOP_K
+) -> list[list[Distribution]]:
     """The server's top-k distributions at positions 1.. of every window (position 0 has no context)."""
     sequences = []
     with httpx.Client(timeout=timeout_s) as client:
         for window in windows:
-            body = {"model": model, "prompt": window, "max_tokens": 1, "temperature": 0, "prompt_logprobs": top_k}
+            body = {
+                "model": model,
+                "prompt": window,
+                "max_tokens": 1,
+                "temperature": 0,
+                "prompt_logprobs": top_k,
+            }
             try:
                 response = client.post(f"{base_url}/v1/completions", json=body)
             except httpx.HTTPError as error:
-                raise QualityUnavailable(f"{base_url}: prompt_logprobs request failed: {error}") from None
+                raise QualityUnavailable(
+                    f"{base_url}: prompt_logprobs request failed: {error}"
+                ) from None
             if response.status_code != 200:
                 text = " ".join(response.text.split())[:300]
-                raise QualityUnavailable(f"{base_url}: prompt_logprobs refused (HTTP {response.status_code}): {text}")
+                raise QualityUnavailable(
+                    f"{base_url}: prompt_logprobs refused (HTTP {response.status_code}): {text}"
+                )
             try:
                 entries = response.json()["choices"][0].get("prompt_logprobs")
             except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                raise QualityUnavailable(f"{base_url}: the completions answer is not OpenAI-shaped") from None
+                raise QualityUnavailable(
+                    f"{base_url}: the completions answer is not OpenAI-shaped"
+                ) from None
             if not isinstance(entries, list):
-                raise QualityUnavailable(f"{base_url}: the server returns no prompt_logprobs (it does not "
-                                         "offer per-position logprobs of the prompt), so quality is not measured")
+                raise QualityUnavailable(
+                    f"{base_url}: the server returns no prompt_logprobs (it does not "
+                    "offer per-position logprobs of the prompt), so quality is not measured"
+                )
             if len(entries) != len(window):
-                raise QualityUnavailable(f"{base_url}: prompt_logprobs covers {len(entries)} positions of a "
-                                         f"{len(window)}-token prompt")
-            sequences.append([_parse_position(entries[j], window[j], base_url) for j in range(1, len(window))])
+                raise QualityUnavailable(
+                    f"{base_url}: prompt_logprobs covers {len(entries)} positions of a "
+                    f"{len(window)}-token prompt"
+                )
+            sequences.append(
+                [_parse_position(entries[j], window[j], base_url) for j in range(1, len(window))]
+            )
     return sequences
 
 
@@ -124,28 +165,41 @@ class Reference:
     measured_at: str
 
     def save(self, path: Path) -> None:
-        data = {"format": FORMAT, "top_k": TOP_K, "window": WINDOW, "measured_at": self.measured_at,
-                "windows": self.windows,
-                "distributions": [[sorted(d.items()) for d in seq] for seq in self.distributions]}
+        data = {
+            "format": FORMAT,
+            "top_k": TOP_K,
+            "window": WINDOW,
+            "measured_at": self.measured_at,
+            "windows": self.windows,
+            "distributions": [[sorted(d.items()) for d in seq] for seq in self.distributions],
+        }
         partial = path.with_name(path.name + ".partial")
         partial.write_text(json.dumps(data), encoding="utf-8")
         os.replace(partial, path)
 
     @classmethod
-    def load(cls, path: Path) -> "Reference | None":
+    def load(cls, path: Path) -> Reference | None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None  # not measured yet (or a broken file): measure it again
-        if data.get("format") != FORMAT or data.get("top_k") != TOP_K or data.get("window") != WINDOW:
+        if (
+            data.get("format") != FORMAT
+            or data.get("top_k") != TOP_K
+            or data.get("window") != WINDOW
+        ):
             return None
-        distributions = [[{int(t): lp for t, lp in d} for d in seq] for seq in data["distributions"]]
+        distributions = [
+            [{int(t): lp for t, lp in d} for d in seq] for seq in data["distributions"]
+        ]
         return cls(data["windows"], distributions, data["measured_at"])
 
 
 def _endpoint(session) -> tuple[str, str]:
     if isinstance(session, FailedSession):
-        raise QualityUnavailable(f"the engine is not serving ({session.fault.kind}: {session.fault.message})")
+        raise QualityUnavailable(
+            f"the engine is not serving ({session.fault.kind}: {session.fault.message})"
+        )
     try:
         return session.endpoint()
     except httpx.HTTPError as error:
@@ -154,27 +208,38 @@ def _endpoint(session) -> tuple[str, str]:
 
 def _reference_workload(windows: list[list[int]]) -> Workload:
     """Sizes the reference session to the evaluation windows (max-model-len: a window and one token)."""
-    return Workload(arrival=Closed(kind="closed", concurrency=1), num_requests=1,
-                    input_tokens=Fixed(kind="fixed", value=max(len(w) for w in windows)),
-                    output_tokens=Fixed(kind="fixed", value=1))
+    return Workload(
+        arrival=Closed(kind="closed", concurrency=1),
+        num_requests=1,
+        input_tokens=Fixed(kind="fixed", value=max(len(w) for w in windows)),
+        output_tokens=Fixed(kind="fixed", value=1),
+    )
 
 
-def _measure_reference(runner, config: dict[str, Any], session, windows: list[list[int]]) -> list[list[Distribution]]:
+def _measure_reference(
+    runner, config: dict[str, Any], session, windows: list[list[int]]
+) -> list[list[Distribution]]:
     timeout = runner.settings.request_timeout_s
     if session is not None and is_reference(config):  # this session serves the reference itself
         return fetch_prompt_logprobs(*_endpoint(session), windows, timeout)
     # An engine of its own (beside the trial's, if one runs), once per model, engine and evaluation set.
     with runner.session(reference_config(config), _reference_workload(windows)) as reference:
         if isinstance(reference, FailedSession):
-            raise QualityUnavailable(f"the reference config (bf16 weights, kv_compression 1) did not start: "
-                                     f"{reference.fault.kind}: {reference.fault.message}")
+            raise QualityUnavailable(
+                f"the reference config (bf16 weights, kv_compression 1) did not start: "
+                f"{reference.fault.kind}: {reference.fault.message}"
+            )
         return fetch_prompt_logprobs(*_endpoint(reference), windows, timeout)
 
 
-def ensure_reference(runner, config: dict[str, Any], prompts: list[str], session=None) -> tuple[Reference, bool]:
+def ensure_reference(
+    runner, config: dict[str, Any], prompts: list[str], session=None
+) -> tuple[Reference, bool]:
     """The reference's distributions: from disk, else measured now and kept, in `session` when it
     serves the reference config, else in a reference engine of its own. True: measured in `session`."""
-    path = reference_path(runner.settings.quality_cache, runner.settings.model, runner.name, prompts, ".json")
+    path = reference_path(
+        runner.settings.quality_cache, runner.settings.model, runner.name, prompts, ".json"
+    )
     reference = Reference.load(path)
     if reference is not None:
         return reference, False
@@ -191,19 +256,36 @@ def ensure_reference(runner, config: dict[str, Any], prompts: list[str], session
     return reference, session is not None and is_reference(config)
 
 
-def measure_by_prompt_logprobs(runner, config: dict[str, Any], session, prompts: list[str]) -> QualityFigure:
+def measure_by_prompt_logprobs(
+    runner, config: dict[str, Any], session, prompts: list[str]
+) -> QualityFigure:
     """The config's quality in this session against the reference's distributions (see ensure_reference)."""
     reference, measured_here = ensure_reference(runner, config, prompts, session)
-    how = (f"{runner.name} prompt_logprobs (top {TOP_K}), teacher-forced on {len(reference.windows)} sequences "
-           f"of at most {WINDOW} tokens of evaluation set {eval_set_hash(prompts)}")
+    how = (
+        f"{runner.name} prompt_logprobs (top {TOP_K}), teacher-forced on {len(reference.windows)} sequences "
+        f"of at most {WINDOW} tokens of evaluation set {eval_set_hash(prompts)}"
+    )
     if measured_here:  # this very measurement is the reference: nothing to differ from
         positions = sum(len(seq) for seq in reference.distributions)
-        return QualityFigure(kl=0.0, top1_agreement=1.0, source="measured", samples=positions,
-                             note=f"the reference config itself ({describe_pair(config)}), measured now: {how}")
-    candidate = fetch_prompt_logprobs(*_endpoint(session), reference.windows, runner.settings.request_timeout_s)
+        return QualityFigure(
+            kl=0.0,
+            top1_agreement=1.0,
+            source="measured",
+            samples=positions,
+            note=f"the reference config itself ({describe_pair(config)}), measured now: {how}",
+        )
+    candidate = fetch_prompt_logprobs(
+        *_endpoint(session), reference.windows, runner.settings.request_timeout_s
+    )
     kl, agreement, positions = compare(reference.distributions, candidate)
     return QualityFigure(
-        kl=kl, top1_agreement=agreement, source="measured", samples=positions,
-        note=(f"{describe_pair(config)} against the reference (bf16 weights, kv_compression 1, measured "
-              f"{reference.measured_at}): {how}; KL over the tokens both top-{TOP_K} lists share plus one "
-              "bucket for the rest of the mass (a lower bound of the full KL); raw logprobs, no logit_bias"))
+        kl=kl,
+        top1_agreement=agreement,
+        source="measured",
+        samples=positions,
+        note=(
+            f"{describe_pair(config)} against the reference (bf16 weights, kv_compression 1, measured "
+            f"{reference.measured_at}): {how}; KL over the tokens both top-{TOP_K} lists share plus one "
+            "bucket for the rest of the mass (a lower bound of the full KL); raw logprobs, no logit_bias"
+        ),
+    )

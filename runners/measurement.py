@@ -32,8 +32,9 @@ def p99_breaking_count(planned: int) -> int:
     return planned - math.floor(0.99 * (planned - 1))
 
 
-def load_certainly_fails(planned: int, late_ok: int, late_in_flight: int, failed: int,
-                         min_success_rate: float) -> bool:
+def load_certainly_fails(
+    planned: int, late_ok: int, late_in_flight: int, failed: int, min_success_rate: float
+) -> bool:
     """Whether a load of `planned` requests misses its SLA whatever its unfinished requests do.
 
     The TTFT p99 covers successful requests only, and the success rate counts failures, so a
@@ -47,7 +48,9 @@ def load_certainly_fails(planned: int, late_ok: int, late_in_flight: int, failed
         if failures > allowed_failures:
             continue  # this future breaks the success rate
         successes_at_most = planned - failures
-        if successes_at_most <= 0 or late_ok + late_in_flight - failing < p99_breaking_count(successes_at_most):
+        if successes_at_most <= 0 or late_ok + late_in_flight - failing < p99_breaking_count(
+            successes_at_most
+        ):
             return False  # a future where both SLOs may still hold
     return True
 
@@ -77,10 +80,18 @@ class Measurement:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def failed(cls, fault: Fault, extra: dict[str, Any] | None = None) -> "Measurement":
+    def failed(cls, fault: Fault, extra: dict[str, Any] | None = None) -> Measurement:
         empty = np.empty(0)
-        return cls(empty, empty, empty, empty.astype(int), empty.astype(int), empty.astype(bool), fault=fault,
-                   extra=extra or {})
+        return cls(
+            empty,
+            empty,
+            empty,
+            empty.astype(int),
+            empty.astype(int),
+            empty.astype(bool),
+            fault=fault,
+            extra=extra or {},
+        )
 
     @property
     def sent(self) -> int:

@@ -16,18 +16,25 @@ from pathlib import Path
 from typing import Any
 
 from objectives.scenario import Workload
+from objectives.userfile import InputError
 from runners.process import choose_port, http_ready, log_line_ready
-from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner
+from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner
 from search_spaces.engines import mindie_model_deploy, violations
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace
-from objectives.userfile import InputError
 
 READY_LINE = "Daemon start success!"
-DEFAULT_INSTALL = Path(os.environ.get("MIES_INSTALL_PATH", "/usr/local/Ascend/mindie/latest/mindie-service"))
+DEFAULT_INSTALL = Path(
+    os.environ.get("MIES_INSTALL_PATH", "/usr/local/Ascend/mindie/latest/mindie-service")
+)
 # Documented ranges of the ScheduleConfig fields autotune writes (reference/engines.md).
-FIELD_RANGES = {"maxBatchSize": (1, 5000), "maxPrefillBatchSize": (1, 5000), "maxPrefillTokens": (1, 1 << 20),
-                "prefillTimeMsPerReq": (0, 1000), "decodeTimeMsPerReq": (0, 1000)}
+FIELD_RANGES = {
+    "maxBatchSize": (1, 5000),
+    "maxPrefillBatchSize": (1, 5000),
+    "maxPrefillTokens": (1, 1 << 20),
+    "prefillTimeMsPerReq": (0, 1000),
+    "decodeTimeMsPerReq": (0, 1000),
+}
 
 
 class MindIESettings(RunnerSettings):
@@ -54,14 +61,18 @@ class MindIERunner(ServedRunner):
         try:
             self.base = json.loads(self.installed_config.read_text(encoding="utf-8"))
         except OSError as error:
-            raise InputError(f"install_dir (default $MIES_INSTALL_PATH): cannot read {self.installed_config}: "
-                             f"{error.strerror}; set install_dir in --runner-config or MIES_INSTALL_PATH") from None
+            raise InputError(
+                f"install_dir (default $MIES_INSTALL_PATH): cannot read {self.installed_config}: "
+                f"{error.strerror}; set install_dir in --runner-config or MIES_INSTALL_PATH"
+            ) from None
         except ValueError as error:
             raise InputError(f"{self.installed_config}: not valid JSON: {error}") from None
         defaults: dict[str, Any] = {}
         if not settings.engine_cmd:
             defaults["engine_cmd"] = [str(settings.install_dir / "bin" / "mindieservice_daemon")]
-        if settings.model is None:  # the installation's own model serves bf16 and lends its tokenizer
+        if (
+            settings.model is None
+        ):  # the installation's own model serves bf16 and lends its tokenizer
             installed = self._deploy(self.base).get("ModelConfig", [{}])[0].get("modelWeightPath")
             defaults["model"] = Path(installed) if installed else None
         self.settings = settings.model_copy(update=defaults)
@@ -71,9 +82,13 @@ class MindIERunner(ServedRunner):
         return config.get("BackendConfig", config).get("ModelDeployConfig", {})
 
     def adapt(self, space: SearchSpace) -> SearchSpace:
-        return self.limit_to_weights(space, "MindIE loads quantized weights made offline: give them under `weights:`")
+        return self.limit_to_weights(
+            space, "MindIE loads quantized weights made offline: give them under `weights:`"
+        )
 
-    def render_config(self, native: dict[str, Any], ports: tuple[int, int, int], workload_max: tuple[int, int]) -> dict:
+    def render_config(
+        self, native: dict[str, Any], ports: tuple[int, int, int], workload_max: tuple[int, int]
+    ) -> dict:
         """The trial's config.json: the installed one with the knobs' native form (`render("mindie", ...)`)
         and this trial's ports and sizes written in."""
         rendered = copy.deepcopy(self.base)
@@ -84,7 +99,9 @@ class MindIERunner(ServedRunner):
         for name, value in schedule.items():
             low, high = FIELD_RANGES.get(name, (None, None))
             if low is not None and not low <= value <= high:
-                raise InputError(f"ScheduleConfig.{name}: {value} is outside MindIE's range {low}..{high}")
+                raise InputError(
+                    f"ScheduleConfig.{name}: {value} is outside MindIE's range {low}..{high}"
+                )
         _merge(backend.setdefault("ScheduleConfig", {}), schedule)
         deploy = backend.setdefault("ModelDeployConfig", {})
         deploy.update(mindie_model_deploy(*workload_max))
@@ -92,22 +109,37 @@ class MindIERunner(ServedRunner):
         models[0]["modelName"] = SERVED_NAME
         models[0]["modelWeightPath"] = str(self.weights_for(native.get("weights", "bf16")))
         server = rendered.setdefault("ServerConfig", {})
-        server.update({"ipAddress": "127.0.0.1", "port": ports[0], "managementPort": ports[1], "metricsPort": ports[2],
-                       "httpsEnabled": False})
+        server.update(
+            {
+                "ipAddress": "127.0.0.1",
+                "port": ports[0],
+                "managementPort": ports[1],
+                "metricsPort": ports[2],
+                "httpsEnabled": False,
+            }
+        )
         return rendered
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         return violations("mindie", config, workload)
 
-    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+    def launch(
+        self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
+    ) -> Launch:
         ports = (port, choose_port(None), choose_port(None))
         native = render("mindie", config)
-        rendered = self.render_config(native, ports, (workload.longest_prompt, workload.longest_request))
+        rendered = self.render_config(
+            native, ports, (workload.longest_prompt, workload.longest_request)
+        )
         path = trial_dir / "config.json"
         path.write_text(json.dumps(rendered, indent=2), encoding="utf-8")
         env = dict(native.get("env", {}))
         env[self.settings.config_env] = str(path)
         log = trial_dir / "engine.log"
         ready = log_line_ready(log, READY_LINE, http_ready(f"http://127.0.0.1:{port}/health"))
-        return Launch(argv=[*self.settings.engine_cmd, *self.settings.extra_args], env=env, ready=ready,
-                      model=SERVED_NAME)
+        return Launch(
+            argv=[*self.settings.engine_cmd, *self.settings.extra_args],
+            env=env,
+            ready=ready,
+            model=SERVED_NAME,
+        )

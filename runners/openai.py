@@ -18,11 +18,11 @@ import httpx
 from pydantic import Field
 
 from objectives.scenario import Workload
+from objectives.userfile import InputError
 from runners.process import http_ready
 from runners.quality import QualityUnavailable
 from runners.served import Launch, RunnerSettings, ServedRunner
 from search_spaces.space import SearchSpace
-from objectives.userfile import InputError
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
@@ -43,9 +43,13 @@ class OpenAIRunner(ServedRunner):
     def __init__(self, settings: OpenAISettings, hardware: str | None = None):
         super().__init__(settings, hardware)
         if not settings.engine_cmd and not settings.base_url:
-            raise InputError("--runner-config: the openai runner needs `engine_cmd` (an argument-list template) "
-                             "or `base_url` (a running server)")
-        self.placeholders = {name for part in settings.engine_cmd or [] for name in _PLACEHOLDER.findall(part)}
+            raise InputError(
+                "--runner-config: the openai runner needs `engine_cmd` (an argument-list template) "
+                "or `base_url` (a running server)"
+            )
+        self.placeholders = {
+            name for part in settings.engine_cmd or [] for name in _PLACEHOLDER.findall(part)
+        }
 
     def model_name(self) -> str:
         return self.settings.served_model or super().model_name()
@@ -53,7 +57,11 @@ class OpenAIRunner(ServedRunner):
     def adapt(self, space: SearchSpace) -> SearchSpace:
         for name in list(space.ranges):
             if name not in self.placeholders:
-                why = "no placeholder for it in engine_cmd" if self.settings.engine_cmd else "the server is already running"
+                why = (
+                    "no placeholder for it in engine_cmd"
+                    if self.settings.engine_cmd
+                    else "the server is already running"
+                )
                 space = space.drop(name, why)
         return space
 
@@ -61,17 +69,24 @@ class OpenAIRunner(ServedRunner):
         try:
             return string.Formatter().vformat(part, (), values)
         except (KeyError, IndexError) as error:
-            raise InputError(f"engine_cmd: unknown placeholder {error} in {part!r}; known: "
-                             f"{', '.join(sorted(values))}") from None
+            raise InputError(
+                f"engine_cmd: unknown placeholder {error} in {part!r}; known: "
+                f"{', '.join(sorted(values))}"
+            ) from None
 
     def _can_start_the_reference(self) -> None:
         """Quality needs the bf16 reference: only a command that sets the precision or the KV
         cache per trial can start it."""
         if not self.placeholders & {"quantization", "kv_compression"}:
-            how = "engine_cmd has no {quantization} or {kv_compression} placeholder" if self.settings.engine_cmd \
+            how = (
+                "engine_cmd has no {quantization} or {kv_compression} placeholder"
+                if self.settings.engine_cmd
                 else "the server at base_url is already running"
-            raise QualityUnavailable(f"the openai runner cannot start the reference config (bf16 weights, "
-                                     f"kv_compression 1): {how}")
+            )
+            raise QualityUnavailable(
+                f"the openai runner cannot start the reference config (bf16 weights, "
+                f"kv_compression 1): {how}"
+            )
 
     def measure_quality(self, config: dict[str, Any], session, eval_prompts: list[str]):
         self._can_start_the_reference()  # then prompt_logprobs as vLLM's, when the server returns them
@@ -90,11 +105,17 @@ class OpenAIRunner(ServedRunner):
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
             return self.model_name()
 
-    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+    def launch(
+        self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
+    ) -> Launch:
         if not self.settings.engine_cmd:
             return Launch(argv=[], base_url=self.settings.base_url.rstrip("/"))
-        values: dict[str, Any] = {"port": port, "model": str(self.settings.model or ""), "host": "127.0.0.1",
-                                  "max_model_len": workload.longest_request}
+        values: dict[str, Any] = {
+            "port": port,
+            "model": str(self.settings.model or ""),
+            "host": "127.0.0.1",
+            "max_model_len": workload.longest_request,
+        }
         for name, value in config.items():
             values[name] = self.settings.knob_values.get(name, {}).get(str(value), value)
         argv = [self._fill(part, values) for part in self.settings.engine_cmd]

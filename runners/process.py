@@ -12,8 +12,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import httpx
 
@@ -72,23 +72,33 @@ def tail(path: Path, lines: int = 30) -> str:
 class EngineProcess:
     """`with EngineProcess(argv, env, log) as engine: engine.wait_ready(...)`; stops on exit."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, grace_s: float = 10.0):
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, grace_s: float = 10.0
+    ):
         self.argv = list(argv)
         self.env = dict(env)
         self.log_path = log_path
         self.grace_s = grace_s
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             log.write(("$ " + " ".join(self.argv) + "\n").encode())
             log.flush()
             try:
-                self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
             except OSError as error:
-                raise EngineFailed("start", f"cannot start {self.argv[0]}: {error.strerror}") from None
+                raise EngineFailed(
+                    "start", f"cannot start {self.argv[0]}: {error.strerror}"
+                ) from None
         # Beside the log, for operators (and tests) who need the engine's process group.
         self.log_path.with_name("engine.pid").write_text(f"{self.proc.pid}\n")
         return self
@@ -108,19 +118,28 @@ class EngineProcess:
         return tail(self.log_path, lines)
 
     def crashed(self, what: str) -> EngineFailed:
-        return EngineFailed("crash", f"engine exited with status {self.exited()} {what}", self.tail())
+        return EngineFailed(
+            "crash", f"engine exited with status {self.exited()} {what}", self.tail()
+        )
 
-    def wait_ready(self, probe: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> float:
+    def wait_ready(
+        self, probe: Callable[[], bool], timeout_s: float, interval_s: float = 0.1
+    ) -> float:
         """Poll `probe` until it says ready; seconds taken. The engine exiting or the timeout fail."""
         started = time.monotonic()
         while True:
             if self.exited() is not None:
-                raise EngineFailed("start", f"engine exited with status {self.exited()} before it was ready",
-                                   self.tail())
+                raise EngineFailed(
+                    "start",
+                    f"engine exited with status {self.exited()} before it was ready",
+                    self.tail(),
+                )
             if probe():
                 return time.monotonic() - started
             if time.monotonic() - started > timeout_s:
-                raise EngineFailed("timeout", f"engine not ready after {timeout_s:g} s", self.tail())
+                raise EngineFailed(
+                    "timeout", f"engine not ready after {timeout_s:g} s", self.tail()
+                )
             time.sleep(interval_s)
 
     def stop(self) -> float:
@@ -172,7 +191,9 @@ def http_ready(url: str) -> Callable[[], bool]:
     return probe
 
 
-def log_line_ready(log_path: Path, line: str, fallback: Callable[[], bool] | None = None) -> Callable[[], bool]:
+def log_line_ready(
+    log_path: Path, line: str, fallback: Callable[[], bool] | None = None
+) -> Callable[[], bool]:
     """A probe: the engine printed `line` (MindIE's "Daemon start success!"), or `fallback` says ready."""
 
     def probe() -> bool:

@@ -26,7 +26,9 @@ def load_tokenizer(path: Path, source: str):
     try:
         return transformers().AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as error:
-        reason = " ".join(str(error).split())  # transformers' reasons span lines: keep them whole, on one
+        reason = " ".join(
+            str(error).split()
+        )  # transformers' reasons span lines: keep them whole, on one
         raise InputError(f"{source}: cannot load a tokenizer from {path}: {reason}") from None
 
 
@@ -43,8 +45,10 @@ class PromptMaker:
                 if tokenizer.encode(text, add_special_tokens=False) == [token_id]:
                     words.append(text)
         if len(words) < _MIN_WORDS:
-            raise InputError(f"{source}: only {len(words)} whole-word tokens in the vocabulary; "
-                             f"exact-length prompts need at least {_MIN_WORDS}")
+            raise InputError(
+                f"{source}: only {len(words)} whole-word tokens in the vocabulary; "
+                f"exact-length prompts need at least {_MIN_WORDS}"
+            )
         self.words = np.array(words)
 
     def count(self, text: str) -> int:
@@ -56,7 +60,9 @@ class PromptMaker:
         for n in lengths:
             text = "".join(rng.choice(self.words, int(n)))
             if self.count(text) != n:
-                raise InputError(f"tokenizer: a {n}-word prompt does not encode to {n} tokens; "
-                                 "this tokenizer's pre-tokenizer merges across words")
+                raise InputError(
+                    f"tokenizer: a {n}-word prompt does not encode to {n} tokens; "
+                    "this tokenizer's pre-tokenizer merges across words"
+                )
             prompts.append(text)
         return prompts

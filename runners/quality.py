@@ -14,10 +14,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -69,7 +70,9 @@ def model_key(model: Path) -> str:
 
 def quality_pair(config: dict[str, Any]) -> tuple[str, float]:
     """What quality depends on: (quantization, kv_compression); knobs left out are the reference's."""
-    return str(config.get("quantization", REFERENCE[0])), float(config.get("kv_compression", REFERENCE[1]))
+    return str(config.get("quantization", REFERENCE[0])), float(
+        config.get("kv_compression", REFERENCE[1])
+    )
 
 
 def is_reference(config: dict[str, Any]) -> bool:

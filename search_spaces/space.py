@@ -18,8 +18,8 @@ from optuna.distributions import (
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from objectives.scenario import Workload
-from search_spaces.knobs import ENGINES, KNOBS, Knob
 from objectives.userfile import InputError, load_yaml, validate
+from search_spaces.knobs import ENGINES, KNOBS, Knob
 
 GRID_POINTS = 6  # values per numeric knob when --sampler grid has no explicit `grid`
 
@@ -39,7 +39,11 @@ class KnobRange(BaseModel):
 
     @model_validator(mode="after")
     def _one_form(self):
-        forms = [self.value is not None, self.choices is not None, self.low is not None or self.high is not None]
+        forms = [
+            self.value is not None,
+            self.choices is not None,
+            self.low is not None or self.high is not None,
+        ]
         if sum(forms) != 1:
             raise ValueError("give exactly one of: value, choices, or low and high")
         if self.choices is not None and not self.choices:
@@ -68,7 +72,9 @@ def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
     values = [spec.value] if spec.value is not None else spec.choices
     if knob.kind == "categorical":
         if values is None:
-            raise InputError(f"{where}: a categorical knob takes choices or value, allowed: {list(knob.allowed)}")
+            raise InputError(
+                f"{where}: a categorical knob takes choices or value, allowed: {list(knob.allowed)}"
+            )
         bad = [v for v in values if v not in knob.allowed]
         if bad:
             raise InputError(f"{where}: {bad[0]!r} is not allowed; allowed: {list(knob.allowed)}")
@@ -85,31 +91,42 @@ def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
     if spec.low is not None and spec.step is not None:
         span = (spec.high - spec.low) / spec.step
         if not math.isclose(span, round(span)):
-            raise InputError(f"{where}: high - low ({spec.high - spec.low:g}) is not a multiple of step {spec.step:g}")
+            raise InputError(
+                f"{where}: high - low ({spec.high - spec.low:g}) is not a multiple of step {spec.step:g}"
+            )
 
 
 class SearchSpace:
     """The knobs of one engine and the ranges the study explores."""
 
-    def __init__(self, engine: str, ranges: dict[str, KnobRange], notes: list[str] | None = None,
-                 source: str = ""):
+    def __init__(
+        self,
+        engine: str,
+        ranges: dict[str, KnobRange],
+        notes: list[str] | None = None,
+        source: str = "",
+    ):
         self.engine = engine
         self.ranges = ranges
         self.notes = notes or []
         self.source = source or f"preset {engine}"  # where the ranges came from, for messages
 
     @classmethod
-    def load(cls, engine: str, user_file: Path | None = None) -> "SearchSpace":
+    def load(cls, engine: str, user_file: Path | None = None) -> SearchSpace:
         if engine not in ENGINES:
             raise InputError(f"--engine: unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
-        with resources.as_file(resources.files("search_spaces") / "presets" / f"{engine}.yaml") as path:
+        with resources.as_file(
+            resources.files("search_spaces") / "presets" / f"{engine}.yaml"
+        ) as path:
             preset = load_yaml(path, SpaceFile)
         ranges = dict(preset.knobs)
         source = str(user_file) if user_file else f"preset {engine}"
         if user_file is not None:
             user = load_yaml(user_file, SpaceFile)
             if user.engine not in (None, engine):
-                raise InputError(f"{user_file}: engine: the file is for {user.engine!r}, the study runs {engine!r}")
+                raise InputError(
+                    f"{user_file}: engine: the file is for {user.engine!r}, the study runs {engine!r}"
+                )
             ranges.update(user.knobs)
         notes = []
         for name, spec in list(ranges.items()):
@@ -127,7 +144,7 @@ class SearchSpace:
                 space = space.restrict(name, allowed, f"--engine {engine} takes only these values")
         return space
 
-    def restrict(self, name: str, allowed: tuple | list, why: str) -> "SearchSpace":
+    def restrict(self, name: str, allowed: tuple | list, why: str) -> SearchSpace:
         """Keep only `allowed` values of a knob (a numeric range becomes the allowed values in it)."""
         spec = self.ranges.get(name)
         if spec is None:
@@ -140,22 +157,30 @@ class SearchSpace:
             values = [v for v in allowed if spec.low <= v <= spec.high]
         kept = [v for v in values if v in allowed]
         if not kept:
-            raise InputError(f"{self.source}: knobs.{name}: none of {values} can run here ({why}); "
-                             f"allowed: {list(allowed)}")
+            raise InputError(
+                f"{self.source}: knobs.{name}: none of {values} can run here ({why}); "
+                f"allowed: {list(allowed)}"
+            )
         if kept == values and spec.low is None:
             return self
         ranges = dict(self.ranges)
-        ranges[name] = KnobRange(value=kept[0]) if spec.value is not None else KnobRange(choices=kept)
+        ranges[name] = (
+            KnobRange(value=kept[0]) if spec.value is not None else KnobRange(choices=kept)
+        )
         notes = self.notes if kept == values else [*self.notes, f"{name} limited to {kept}: {why}"]
         return SearchSpace(self.engine, ranges, notes, self.source)
 
-    def drop(self, name: str, why: str) -> "SearchSpace":
+    def drop(self, name: str, why: str) -> SearchSpace:
         if name not in self.ranges:
             return self
         ranges = {k: v for k, v in self.ranges.items() if k != name}
-        return SearchSpace(self.engine, ranges, [*self.notes, f"{name} dropped: {why}"], self.source)
+        return SearchSpace(
+            self.engine, ranges, [*self.notes, f"{name} dropped: {why}"], self.source
+        )
 
-    def fit_workload(self, workload: Workload, scenario_source: str = "the scenario") -> "SearchSpace":
+    def fit_workload(
+        self, workload: Workload, scenario_source: str = "the scenario"
+    ) -> SearchSpace:
         """Raise max_prefill_tokens' floor to the longest prompt: below it no prompt could start."""
         spec = self.ranges.get("max_prefill_tokens")
         need = workload.longest_prompt
@@ -166,10 +191,16 @@ class SearchSpace:
                 f"{self.source}: knobs.max_prefill_tokens: the whole range {spec.low:g}..{spec.high:g} is below "
                 f"the longest prompt of {scenario_source} ({need} tokens)"
             )
-        low = need if spec.step is None else spec.low + math.ceil((need - spec.low) / spec.step) * spec.step
+        low = (
+            need
+            if spec.step is None
+            else spec.low + math.ceil((need - spec.low) / spec.step) * spec.step
+        )
         ranges = dict(self.ranges)
         ranges["max_prefill_tokens"] = spec.model_copy(update={"low": low})
-        note = f"max_prefill_tokens floor raised from {spec.low:g} to {low:g} (longest prompt {need})"
+        note = (
+            f"max_prefill_tokens floor raised from {spec.low:g} to {low:g} (longest prompt {need})"
+        )
         return SearchSpace(self.engine, ranges, [*self.notes, note], self.source)
 
     def distributions(self) -> dict[str, BaseDistribution]:
@@ -182,7 +213,9 @@ class SearchSpace:
                 dists[name] = CategoricalDistribution(spec.choices)
             elif knob.kind == "int":
                 step = 1 if spec.log else int(spec.step or 1)
-                dists[name] = IntDistribution(int(spec.low), int(spec.high), log=spec.log, step=step)
+                dists[name] = IntDistribution(
+                    int(spec.low), int(spec.high), log=spec.log, step=step
+                )
             else:
                 dists[name] = FloatDistribution(spec.low, spec.high, log=spec.log, step=spec.step)
         return dists
@@ -214,11 +247,23 @@ class SearchSpace:
             elif spec.grid is not None:
                 grid[name] = list(spec.grid)
             elif dist.log:
-                grid[name] = sorted({dist.high, *(2.0 ** k for k in range(math.ceil(math.log2(dist.low)), math.floor(math.log2(dist.high)) + 1))})
+                grid[name] = sorted(
+                    {
+                        dist.high,
+                        *(
+                            2.0**k
+                            for k in range(
+                                math.ceil(math.log2(dist.low)), math.floor(math.log2(dist.high)) + 1
+                            )
+                        ),
+                    }
+                )
             else:
                 step = dist.step or (dist.high - dist.low) / (GRID_POINTS - 1)
                 points = np.linspace(dist.low, dist.high, GRID_POINTS)
-                grid[name] = sorted({dist.low + round((p - dist.low) / step) * step for p in points})
+                grid[name] = sorted(
+                    {dist.low + round((p - dist.low) / step) * step for p in points}
+                )
             if isinstance(dist, IntDistribution):
                 grid[name] = sorted({int(v) for v in grid[name]})
         return grid

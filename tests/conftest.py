@@ -21,7 +21,11 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 def run_autotune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real command line, in a child process, as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -91,13 +95,18 @@ def llama_server() -> Path:
     return _engine("llama.cpp", "bin/llama-server")
 
 
-def engine_scenario(requests: int = 24, rate: float = 4.0, ttft_ms: float = 3000, output=(8, 24)) -> Scenario:
+def engine_scenario(
+    requests: int = 24, rate: float = 4.0, ttft_ms: float = 3000, output=(8, 24)
+) -> Scenario:
     """Short prompts and answers: a real engine on 2 cores serves a trial in seconds."""
     data = load_scenario("customer-service").model_dump(mode="json")
     data["name"] = "engine-smoke"
-    data["workload"] |= {"num_requests": requests, "arrival": {"kind": "poisson", "rate": rate},
-                         "input_tokens": {"kind": "uniform", "low": 32, "high": 96},
-                         "output_tokens": {"kind": "uniform", "low": output[0], "high": output[1]}}
+    data["workload"] |= {
+        "num_requests": requests,
+        "arrival": {"kind": "poisson", "rate": rate},
+        "input_tokens": {"kind": "uniform", "low": 32, "high": 96},
+        "output_tokens": {"kind": "uniform", "low": output[0], "high": output[1]},
+    }
     data["sla"] = {"ttft_p99_ms": ttft_ms}
     # The preset's quality SLO bounds benchmark points, which only a quality table knows, and no
     # table covers the tiny random model: these studies test serving, not quality.
@@ -111,8 +120,13 @@ def calibrate_summary(stdout: str) -> dict[str, tuple[float, ...]]:
     rows = {}
     for line in stdout.splitlines():
         cells = [cell.strip() for cell in line.split("│")]
-        if len(cells) > 6 and cells[2].endswith("%") and cells[1] in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
-                                                                       "output_tokens_per_s"):
-            rows[cells[1]] = tuple(float("inf") if c == "inf" else float(c.rstrip("%")) if c != "-" else float("nan")
-                                   for c in cells[2:6])
+        if (
+            len(cells) > 6
+            and cells[2].endswith("%")
+            and cells[1] in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s")
+        ):
+            rows[cells[1]] = tuple(
+                float("inf") if c == "inf" else float(c.rstrip("%")) if c != "-" else float("nan")
+                for c in cells[2:6]
+            )
     return rows

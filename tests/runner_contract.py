@@ -23,9 +23,13 @@ def assert_throughput_within_the_load(attrs: dict, planned) -> None:
     """A trial's nominal-rate throughput against facts summarize does not make: the planned
     tokens cannot all be out before the last planned arrival, and they were all out within the
     time the runner spent driving loads (its own clock around every load, warm-up included)."""
-    for key, tokens in (("output_tokens_per_s", planned.output_tokens.sum()),
-                        ("total_tokens_per_s", planned.output_tokens.sum() + planned.input_tokens.sum())):
-        assert tokens / attrs["runner_load_s"] <= attrs[key] <= tokens / np.ptp(planned.arrival_s), key
+    for key, tokens in (
+        ("output_tokens_per_s", planned.output_tokens.sum()),
+        ("total_tokens_per_s", planned.output_tokens.sum() + planned.input_tokens.sum()),
+    ):
+        assert (
+            tokens / attrs["runner_load_s"] <= attrs[key] <= tokens / np.ptp(planned.arrival_s)
+        ), key
 
 
 class RunnerContract:
@@ -73,7 +77,14 @@ class RunnerContract:
         m = measured
         assert isinstance(m, Measurement) and m.fault is None, m.fault
         n = workload.num_requests
-        for column in (m.send_s, m.first_token_s, m.finish_s, m.input_tokens, m.output_tokens, m.ok):
+        for column in (
+            m.send_s,
+            m.first_token_s,
+            m.finish_s,
+            m.input_tokens,
+            m.output_tokens,
+            m.ok,
+        ):
             assert column.shape == (n,)
         assert m.ok.all()
 
@@ -93,7 +104,12 @@ class RunnerContract:
         scenario = small_scenario(requests=workload.num_requests)
         planned = make_requests(workload)
         metrics = summarize(measured, scenario.sla)
-        assert metrics["requests_sent"] == metrics["requests_ok"] == metrics["ttft_samples"] == len(planned)
+        assert (
+            metrics["requests_sent"]
+            == metrics["requests_ok"]
+            == metrics["ttft_samples"]
+            == len(planned)
+        )
         assert metrics["success_rate"] == 1.0
         tokens = int(planned.output_tokens.sum())
         if planned.arrival_s is not None:
@@ -108,7 +124,9 @@ class RunnerContract:
         assert 0 < metrics["ttft_p50_ms"] <= metrics["ttft_p99_ms"] < metrics["e2el_p99_ms"]
         assert metrics["p99_low_samples"] == (len(planned) < 100)
 
-    def test_impossible_config_is_a_fault_not_an_exception(self, runner, impossible_config, workload):
+    def test_impossible_config_is_a_fault_not_an_exception(
+        self, runner, impossible_config, workload
+    ):
         reasons = runner.violations(impossible_config, workload)
         m = runner.run(impossible_config, workload)
         assert m.fault is not None and m.fault.message
@@ -116,8 +134,12 @@ class RunnerContract:
 
     def test_capacity_search_steps_share_one_session(self, runner, good_config, workload):
         """One engine start per trial: every step of the search runs against the same session."""
-        scenario = Scenario(name="capacity-contract", workload=workload, sla=SLA(ttft_p99_ms=3000),
-                            load=Load(max_rate=workload.arrival.rate * 4, precision=0.5, max_trial_s=600))
+        scenario = Scenario(
+            name="capacity-contract",
+            workload=workload,
+            sla=SLA(ttft_p99_ms=3000),
+            load=Load(max_rate=workload.arrival.rate * 4, precision=0.5, max_trial_s=600),
+        )
         opened = []
         session = runner.session
 

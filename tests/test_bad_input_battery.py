@@ -18,8 +18,8 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from tests.conftest import run_autotune
-from tests.test_samplers_and_storage import POSTGRES
 from tests.test_bad_input import _scenario_with, _write
+from tests.test_samplers_and_storage import POSTGRES
 
 LONG_NAME = "a" * 300  # longer than the 255 bytes a file name may have on Linux filesystems
 
@@ -37,7 +37,9 @@ def _fifo(tmp: Path, name: str) -> str:
 
 
 def _closed_loop(data: dict, concurrency: int, requests: int) -> None:
-    data["workload"].update(arrival={"kind": "closed", "concurrency": concurrency}, num_requests=requests)
+    data["workload"].update(
+        arrival={"kind": "closed", "concurrency": concurrency}, num_requests=requests
+    )
 
 
 def _hardware_share(tmp: Path, value: float) -> str:
@@ -52,60 +54,127 @@ CASES = {
     # 1. an output that exists must be a regular file
     "export to a link to /dev/null": (
         lambda tmp, sc: ["--scenario", str(sc), "--export", _to_dev_null(tmp, "null.yaml")],
-        "--export: ", "is not a regular file"),
+        "--export: ",
+        "is not a regular file",
+    ),
     "html to a link to /dev/null": (
         lambda tmp, sc: ["--scenario", str(sc), "--html", _to_dev_null(tmp, "null.html")],
-        "--html: ", "is not a regular file"),
+        "--html: ",
+        "is not a regular file",
+    ),
     "export to a pipe": (
-        lambda tmp, sc: ["--scenario", str(sc), "--export", _fifo(tmp, "pipe.yaml")], "--export: ", "is not a regular file"),
+        lambda tmp, sc: ["--scenario", str(sc), "--export", _fifo(tmp, "pipe.yaml")],
+        "--export: ",
+        "is not a regular file",
+    ),
     "report -o to a link to /dev/null": (
-        lambda tmp, sc: ["report", "-o", _to_dev_null(tmp, "null.html")], "-o: ", "is not a regular file"),
+        lambda tmp, sc: ["report", "-o", _to_dev_null(tmp, "null.html")],
+        "-o: ",
+        "is not a regular file",
+    ),
     # 3.
-    "timeout nan": (lambda tmp, sc: ["--scenario", str(sc), "--timeout", "nan"], "'--timeout'", "not a finite number"),
+    "timeout nan": (
+        lambda tmp, sc: ["--scenario", str(sc), "--timeout", "nan"],
+        "'--timeout'",
+        "not a finite number",
+    ),
     # 4.
     "worker trials beyond any integer column": (
-        lambda tmp, sc: ["worker", "--scenario", str(sc), "--trials", "99999999999999999999"], "'--trials'", "1<=x<=1000000"),
-    "seed below numpy's range": (lambda tmp, sc: ["--scenario", str(sc), "--seed", "-1"], "'--seed'", "0<=x<=4294967295"),
+        lambda tmp, sc: ["worker", "--scenario", str(sc), "--trials", "99999999999999999999"],
+        "'--trials'",
+        "1<=x<=1000000",
+    ),
+    "seed below numpy's range": (
+        lambda tmp, sc: ["--scenario", str(sc), "--seed", "-1"],
+        "'--seed'",
+        "0<=x<=4294967295",
+    ),
     "seed above numpy's range": (
-        lambda tmp, sc: ["--scenario", str(sc), "--seed", "99999999999999999999"], "'--seed'", "0<=x<=4294967295"),
+        lambda tmp, sc: ["--scenario", str(sc), "--seed", "99999999999999999999"],
+        "'--seed'",
+        "0<=x<=4294967295",
+    ),
     "heartbeat past what a wait can take": (
-        lambda tmp, sc: ["--scenario", str(sc), "--heartbeat", "10000000000"], "'--heartbeat'", "1<=x<=3600"),
+        lambda tmp, sc: ["--scenario", str(sc), "--heartbeat", "10000000000"],
+        "'--heartbeat'",
+        "1<=x<=3600",
+    ),
     "export name too long": (
-        lambda tmp, sc: ["--scenario", str(sc), "--export", str(tmp / f"{LONG_NAME}.yaml")], "--export: ", "File name too long"),
+        lambda tmp, sc: ["--scenario", str(sc), "--export", str(tmp / f"{LONG_NAME}.yaml")],
+        "--export: ",
+        "File name too long",
+    ),
     "html name too long": (
-        lambda tmp, sc: ["--scenario", str(sc), "--html", str(tmp / f"{LONG_NAME}.html")], "--html: ", "File name too long"),
+        lambda tmp, sc: ["--scenario", str(sc), "--html", str(tmp / f"{LONG_NAME}.html")],
+        "--html: ",
+        "File name too long",
+    ),
     "export folder name too long": (
-        lambda tmp, sc: ["--scenario", str(sc), "--export", str(tmp / LONG_NAME / "best.yaml")], "--export: ",
-        "File name too long"),
+        lambda tmp, sc: ["--scenario", str(sc), "--export", str(tmp / LONG_NAME / "best.yaml")],
+        "--export: ",
+        "File name too long",
+    ),
     "calibrate seed below numpy's range": (
-        lambda tmp, sc: ["calibrate", "--seed", "-1", "-o", "c.yaml"], "'--seed'", "0<=x<=4294967295"),
+        lambda tmp, sc: ["calibrate", "--seed", "-1", "-o", "c.yaml"],
+        "'--seed'",
+        "0<=x<=4294967295",
+    ),
     # 7. the flag given is the one named
     "profile-hardware base unknown": (
-        lambda tmp, sc: ["profile-hardware", "--base", "no-such", "-o", "hw.yaml"], "--base: unknown profile 'no-such'",
-        "presets"),
+        lambda tmp, sc: ["profile-hardware", "--base", "no-such", "-o", "hw.yaml"],
+        "--base: unknown profile 'no-such'",
+        "presets",
+    ),
     # 8.
     "closed loop above its requests": (
         lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: _closed_loop(d, 64, 10))],
-        "workload.num_requests (10) must be above workload.arrival.concurrency (64)", "load.mode: fixed"),
+        "workload.num_requests (10) must be above workload.arrival.concurrency (64)",
+        "load.mode: fixed",
+    ),
     "a boolean for a rate": (
-        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"min_rate": True}))],
-        "load.min_rate: ", "valid number"),
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(tmp, sc, lambda d: d.update(load={"min_rate": True})),
+        ],
+        "load.min_rate: ",
+        "valid number",
+    ),
     "a boolean for a count": (
-        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d["workload"].update(num_requests=True))],
-        "workload.num_requests: ", "valid integer"),
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(tmp, sc, lambda d: d["workload"].update(num_requests=True)),
+        ],
+        "workload.num_requests: ",
+        "valid integer",
+    ),
     "negative workload seed": (
-        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d["workload"].update(seed=-1))],
-        "workload.seed: ", "greater than or equal to 0"),
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(tmp, sc, lambda d: d["workload"].update(seed=-1)),
+        ],
+        "workload.seed: ",
+        "greater than or equal to 0",
+    ),
     # 10.
     "no-html with html": (
-        lambda tmp, sc: ["--scenario", str(sc), "--no-html", "--html", str(tmp / "r.html")], "--no-html: given with --html",
-        "give one of them"),
+        lambda tmp, sc: ["--scenario", str(sc), "--no-html", "--html", str(tmp / "r.html")],
+        "--no-html: given with --html",
+        "give one of them",
+    ),
     "peak rate beyond any deployment": (
-        lambda tmp, sc: ["--scenario", _scenario_with(tmp, sc, lambda d: d.update(load={"peak_rate": 1e300}))],
-        "load.peak_rate: ", "less than or equal to 1000000"),
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(tmp, sc, lambda d: d.update(load={"peak_rate": 1e300})),
+        ],
+        "load.peak_rate: ",
+        "less than or equal to 1000000",
+    ),
     # item 8 of the issue: an achieved share of a peak cannot exceed it
     "hardware bandwidth share above 1": (
-        lambda tmp, sc: ["--scenario", str(sc), "--hardware", _hardware_share(tmp, 1.5)], "hw.yaml: mbu: ", "at most 1.0"),
+        lambda tmp, sc: ["--scenario", str(sc), "--hardware", _hardware_share(tmp, 1.5)],
+        "hw.yaml: mbu: ",
+        "at most 1.0",
+    ),
 }
 
 
@@ -120,7 +189,9 @@ def _assert_one_line(result: subprocess.CompletedProcess, *expected: str) -> str
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_battery_case_exits_2_with_one_line_and_writes_nothing(case: str, tmp_path: Path, scenario_file: Path):
+def test_battery_case_exits_2_with_one_line_and_writes_nothing(
+    case: str, tmp_path: Path, scenario_file: Path
+):
     make_args, *expected = CASES[case]
     work = tmp_path / "work"
     work.mkdir()
@@ -130,23 +201,46 @@ def test_battery_case_exits_2_with_one_line_and_writes_nothing(case: str, tmp_pa
     assert list(work.iterdir()) == [], "nothing may be written on bad input"
     after = {p: p.lstat() for p in tmp_path.iterdir()}
     assert sorted(after) == sorted(before), "nothing may be written beside the inputs either"
-    for path, info in before.items():  # (a folder's time changes with the probe that checks it is writable)
-        assert stat.S_ISDIR(info.st_mode) or (after[path].st_ino, after[path].st_mtime_ns) == (info.st_ino, info.st_mtime_ns), f"{path} was replaced"
+    for (
+        path,
+        info,
+    ) in before.items():  # (a folder's time changes with the probe that checks it is writable)
+        assert stat.S_ISDIR(info.st_mode) or (after[path].st_ino, after[path].st_mtime_ns) == (
+            info.st_ino,
+            info.st_mtime_ns,
+        ), f"{path} was replaced"
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 def _tiny_openai_runner(tmp: Path, scenario: Path, model: Path) -> list[str]:
     """The openai runner against a server that is not there: it reaches the study, every trial
     fails. The scenario asks no quality (a running server's cannot be measured against bf16)."""
-    config = _write(tmp / "runner.yaml", f"base_url: http://127.0.0.1:1\nserved_model: m\nmodel: {model}\n"
-                                         "warmup_requests: 0\nrequest_timeout_s: 5\nready_timeout_s: 5\n")
-    return ["--scenario", _scenario_with(tmp, scenario, lambda d: d.pop("quality", None)),
-            "--runner", "openai", "--runner-config", config]
+    config = _write(
+        tmp / "runner.yaml",
+        f"base_url: http://127.0.0.1:1\nserved_model: m\nmodel: {model}\n"
+        "warmup_requests: 0\nrequest_timeout_s: 5\nready_timeout_s: 5\n",
+    )
+    return [
+        "--scenario",
+        _scenario_with(tmp, scenario, lambda d: d.pop("quality", None)),
+        "--runner",
+        "openai",
+        "--runner-config",
+        config,
+    ]
 
 
-def test_screen_hardware_unknown_names_screen_hardware(tmp_path: Path, scenario_file: Path, tiny_model: Path):
-    result = run_autotune(*_tiny_openai_runner(tmp_path, scenario_file, tiny_model),
-                          "--screen", "sim", "--screen-hardware", "no-such", cwd=tmp_path)
+def test_screen_hardware_unknown_names_screen_hardware(
+    tmp_path: Path, scenario_file: Path, tiny_model: Path
+):
+    result = run_autotune(
+        *_tiny_openai_runner(tmp_path, scenario_file, tiny_model),
+        "--screen",
+        "sim",
+        "--screen-hardware",
+        "no-such",
+        cwd=tmp_path,
+    )
     _assert_one_line(result, "--screen-hardware: unknown profile 'no-such'")
     assert not (tmp_path / "studies.db").exists()
 
@@ -154,21 +248,31 @@ def test_screen_hardware_unknown_names_screen_hardware(tmp_path: Path, scenario_
 def _without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The CLI in a Python where `import torch` fails, as on a host without PyTorch."""
     code = "import sys; sys.modules['torch'] = None; sys.argv[0] = 'autotune'; from tuner.cli import main; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
-def test_without_torch_the_gp_hint_shows_its_extra_and_transformers_stays_quiet(tmp_path: Path, scenario_file: Path,
-                                                                                tiny_model: Path):
+def test_without_torch_the_gp_hint_shows_its_extra_and_transformers_stays_quiet(
+    tmp_path: Path, scenario_file: Path, tiny_model: Path
+):
     # 6: rich read "[gp]" as markup and printed `pip install 'autotune' for gp`.
-    result = _without_torch(*_tiny_openai_runner(tmp_path, scenario_file, tiny_model),
-                            "--trials", "1", "--no-html", cwd=tmp_path)
+    result = _without_torch(
+        *_tiny_openai_runner(tmp_path, scenario_file, tiny_model),
+        "--trials",
+        "1",
+        "--no-html",
+        cwd=tmp_path,
+    )
     assert result.returncode == 3, result.stderr  # the only trial failed: nothing to export
     assert "pip install 'autotune[gp]' for gp" in result.stderr
     # 9: loading the tokenizer without PyTorch printed transformers' advice on stderr.
     assert "PyTorch was not found" not in result.stderr + result.stdout
 
 
-def test_a_model_folder_transformers_cannot_read_is_one_line_without_torch(tmp_path: Path, scenario_file: Path):
+def test_a_model_folder_transformers_cannot_read_is_one_line_without_torch(
+    tmp_path: Path, scenario_file: Path
+):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
@@ -180,17 +284,33 @@ def test_a_model_folder_transformers_cannot_read_is_one_line_without_torch(tmp_p
 
 
 def _plain_optuna_database(path: Path) -> None:
-    study = optuna.create_study(storage=f"sqlite:///{path}", study_name="plain", directions=["minimize", "maximize"])
+    study = optuna.create_study(
+        storage=f"sqlite:///{path}", study_name="plain", directions=["minimize", "maximize"]
+    )
     study.optimize(lambda trial: (trial.suggest_float("x", 0, 1), 1.0), n_trials=2)
 
 
 def _tables(path: Path) -> set[str]:
-    return {name for (name,) in sqlite3.connect(path).execute("select name from sqlite_master where type = 'table'")}
+    return {
+        name
+        for (name,) in sqlite3.connect(path).execute(
+            "select name from sqlite_master where type = 'table'"
+        )
+    }
 
 
-@pytest.mark.parametrize("command", [["report", "-o", "r.html"], ["pareto"], ["export", "--export", "e.yaml"],
-                                     ["calibrate", "-o", "c.yaml"]])
-def test_commands_on_a_plain_optuna_database_refuse_it_and_change_nothing(command: list[str], tmp_path: Path):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "-o", "r.html"],
+        ["pareto"],
+        ["export", "--export", "e.yaml"],
+        ["calibrate", "-o", "c.yaml"],
+    ],
+)
+def test_commands_on_a_plain_optuna_database_refuse_it_and_change_nothing(
+    command: list[str], tmp_path: Path
+):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     db = tmp_path / "plain.db"
     _plain_optuna_database(db)
@@ -223,17 +343,27 @@ def test_a_database_without_optuna_tables_is_refused_untouched(tmp_path: Path):
 
 # Two processes held at a gate until both have imported everything, then let go together: the
 # window in which both find the new database's schema missing (4 of 7 runs outside, every run here).
-_GATED = ("import os, sys; import tuner.cli as cli; ready, go = int(sys.argv[1]), int(sys.argv[2]); "
-          "os.write(ready, b'r'); os.read(go, 1); sys.argv = ['autotune'] + sys.argv[3:]; cli.main()")
+_GATED = (
+    "import os, sys; import tuner.cli as cli; ready, go = int(sys.argv[1]), int(sys.argv[2]); "
+    "os.write(ready, b'r'); os.read(go, 1); sys.argv = ['autotune'] + sys.argv[3:]; cli.main()"
+)
 
 
 def _started_together(commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess]:
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     try:
-        procs = [subprocess.Popen([sys.executable, "-c", _GATED, str(ready_w), str(go_r), *command], cwd=cwd,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(ready_w, go_r))
-                 for command in commands]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _GATED, str(ready_w), str(go_r), *command],
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                pass_fds=(ready_w, go_r),
+            )
+            for command in commands
+        ]
         for _ in procs:
             os.read(ready_r, 1)
         os.write(go_w, b"g" * len(procs))
@@ -248,19 +378,39 @@ def _started_together(commands: list[list[str]], cwd: Path) -> list[subprocess.C
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_two_first_runs_on_a_new_database_both_complete(round_: int, tmp_path: Path, scenario_file: Path):
+def test_two_first_runs_on_a_new_database_both_complete(
+    round_: int, tmp_path: Path, scenario_file: Path
+):
     db = tmp_path / "new.db"
     worker = round_ == 2  # `worker` shares one total; the plain command adds its own trials
-    commands = [["worker"] * worker + ["--scenario", str(scenario_file), "--trials", "4" if worker else "2",
-                 "--storage", f"sqlite:///{db}", "--export", str(tmp_path / f"best{i}.yaml"), "--no-html"]
-                for i in range(2)]
+    commands = [
+        ["worker"] * worker
+        + [
+            "--scenario",
+            str(scenario_file),
+            "--trials",
+            "4" if worker else "2",
+            "--storage",
+            f"sqlite:///{db}",
+            "--export",
+            str(tmp_path / f"best{i}.yaml"),
+            "--no-html",
+        ]
+        for i in range(2)
+    ]
     for result in _started_together(commands, tmp_path):
-        assert result.returncode in (0, 3), result.stderr  # 3: no feasible config in so few trials, not an error
-    study = optuna.load_study(study_name="small-cs.sim.mindie.qwen2-7b.ascend-910b2", storage=f"sqlite:///{db}")
+        assert result.returncode in (0, 3), (
+            result.stderr
+        )  # 3: no feasible config in so few trials, not an error
+    study = optuna.load_study(
+        study_name="small-cs.sim.mindie.qwen2-7b.ascend-910b2", storage=f"sqlite:///{db}"
+    )
     assert len(study.trials) == 4
 
 
-def test_two_first_workers_on_a_new_postgresql_schema_both_complete(tmp_path: Path, scenario_file: Path):
+def test_two_first_workers_on_a_new_postgresql_schema_both_complete(
+    tmp_path: Path, scenario_file: Path
+):
     """The same race on PostgreSQL (pg_type's unique index there), in a schema of its own."""
     schema = f"race_{uuid.uuid4().hex[:12]}"
     engine = create_engine(POSTGRES)
@@ -268,11 +418,31 @@ def test_two_first_workers_on_a_new_postgresql_schema_both_complete(tmp_path: Pa
         connection.execute(text(f"create schema {schema}"))
     try:
         url = f"{POSTGRES}?options=-csearch_path%3D{schema}"
-        commands = [["worker", "--scenario", str(scenario_file), "--trials", "4", "--storage", url,
-                     "--export", str(tmp_path / f"best{i}.yaml"), "--no-html"] for i in range(2)]
+        commands = [
+            [
+                "worker",
+                "--scenario",
+                str(scenario_file),
+                "--trials",
+                "4",
+                "--storage",
+                url,
+                "--export",
+                str(tmp_path / f"best{i}.yaml"),
+                "--no-html",
+            ]
+            for i in range(2)
+        ]
         for result in _started_together(commands, tmp_path):
             assert result.returncode in (0, 3), result.stderr
-        assert len(optuna.load_study(study_name="small-cs.sim.mindie.qwen2-7b.ascend-910b2", storage=url).trials) == 4
+        assert (
+            len(
+                optuna.load_study(
+                    study_name="small-cs.sim.mindie.qwen2-7b.ascend-910b2", storage=url
+                ).trials
+            )
+            == 4
+        )
     finally:
         with engine.begin() as connection:
             connection.execute(text(f"drop schema {schema} cascade"))

@@ -18,12 +18,21 @@ from tuner.export import load_export
 def seed_scenario(rate: float = 1.0, ttft_ms: float = 2000, **load) -> Scenario:
     """The seed article's shape (512 in / 128 out); a nominal rate every config of the table serves."""
     base = load_scenario("customer-service")
-    return base.model_copy(update={"workload": base.at_rate(rate), "sla": SLA(ttft_p99_ms=ttft_ms),
-                                   "load": Load(min_rate=0.1, **load)})
+    return base.model_copy(
+        update={
+            "workload": base.at_rate(rate),
+            "sla": SLA(ttft_p99_ms=ttft_ms),
+            "load": Load(min_rate=0.1, **load),
+        }
+    )
 
 
 def knobs(batch: int, mode: str, **more) -> dict:
-    return DEFAULTS | {"batch_size": batch, "select_batch": mode, "max_prefill_batch_size": batch} | more
+    return (
+        DEFAULTS
+        | {"batch_size": batch, "select_batch": mode, "max_prefill_batch_size": batch}
+        | more
+    )
 
 
 @pytest.mark.parametrize("engine", ["mindie", "vllm"])
@@ -36,8 +45,11 @@ def test_seed_direction_on_default_profile(engine):
     while slots stand idle, so at batch 8 it sustains less; vLLM V1 decodes running requests
     first in both modes, which then differ only in splitting prompts, so they sustain the same."""
     scenario, runner = seed_scenario(), SimRunner(engine=engine)
-    got = {(b, mode): evaluate(runner, knobs(b, mode), scenario).metrics
-           for b in (8, 16) for mode in ("prefill-first", "decode-first")}
+    got = {
+        (b, mode): evaluate(runner, knobs(b, mode), scenario).metrics
+        for b in (8, 16)
+        for mode in ("prefill-first", "decode-first")
+    }
     for mode in ("prefill-first", "decode-first"):
         assert got[16, mode]["capacity_rps"] > got[8, mode]["capacity_rps"] * 1.5, got
     for batch in (8, 16):
@@ -62,7 +74,11 @@ def test_search_brackets_then_bisects_to_precision():
     assert bad == min(s["rate"] for s in steps if not s["meets_sla"])
     assert good < bad <= good * 1.02 + 1e-12
     # A failed step either measured a p99 over the bound or was stopped once it was certainly broken.
-    assert all(s["ttft_p99_ms"] > 2000 or s["fault"].startswith("sla-violated") for s in steps if not s["meets_sla"])
+    assert all(
+        s["ttft_p99_ms"] > 2000 or s["fault"].startswith("sla-violated")
+        for s in steps
+        if not s["meets_sla"]
+    )
     # The throughput reported is the one measured at the capacity rate, not a multiple of it.
     at = next(s for s in steps if s["rate"] == good)
     assert m["capacity_output_tokens_per_s"] == at["output_tokens_per_s"]
@@ -85,11 +101,17 @@ def test_search_goes_below_nominal_only_to_min_rate():
 def test_ceiling_and_closed_loop_concurrency():
     ceiling = seed_scenario(max_rate=2.0)
     m = evaluate(SimRunner(), knobs(64, "prefill-first"), ceiling).metrics
-    assert m["capacity_rate"] == 2.0 and m["capacity_at_ceiling"] and m["capacity_bracket"][1] is None
+    assert (
+        m["capacity_rate"] == 2.0 and m["capacity_at_ceiling"] and m["capacity_bracket"][1] is None
+    )
 
     base = load_scenario("content-generation")
-    closed = base.model_copy(update={"workload": base.workload.model_copy(update={"num_requests": 300})})
-    m = evaluate(SimRunner(), knobs(128, "prefill-first", max_prefill_batch_size=50), closed).metrics
+    closed = base.model_copy(
+        update={"workload": base.workload.model_copy(update={"num_requests": 300})}
+    )
+    m = evaluate(
+        SimRunner(), knobs(128, "prefill-first", max_prefill_batch_size=50), closed
+    ).metrics
     assert m["capacity_rate_unit"] == "concurrency"
     assert all(float(s["rate"]).is_integer() for s in m["capacity_steps"])
     assert 128 <= m["capacity_rate"] < 300  # in flight: more than the batch queue for a slot
@@ -116,7 +138,9 @@ def test_study_front_and_export_size_the_fleet(tmp_path: Path):
     data["name"] = "fleet"
     data["load"] = {"peak_rate": 40}
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(data))
-    result = run_autotune("--scenario", "fleet.yaml", "--trials", "6", "--storage", "sqlite:///f.db", cwd=tmp_path)
+    result = run_autotune(
+        "--scenario", "fleet.yaml", "--trials", "6", "--storage", "sqlite:///f.db", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "capacity tok/s" in result.stdout and "instances @40/s" in result.stdout
     exported = load_export(tmp_path / "best-config.yaml")

@@ -26,8 +26,11 @@ BOUND_MS = 500.0
 def scenario_at(nominal: float, closed: bool = False, requests: int = 100, **load) -> Scenario:
     data = load_scenario("customer-service").model_dump(mode="json")
     data["workload"]["num_requests"] = requests
-    data["workload"]["arrival"] = ({"kind": "closed", "concurrency": int(nominal)} if closed
-                                   else {"kind": "poisson", "rate": nominal})
+    data["workload"]["arrival"] = (
+        {"kind": "closed", "concurrency": int(nominal)}
+        if closed
+        else {"kind": "poisson", "rate": nominal}
+    )
     data["sla"] = {"ttft_p99_ms": BOUND_MS}
     data["load"] = load
     data.pop("quality", None)
@@ -39,7 +42,9 @@ def fake_load(n: int, ttft_s: float, failed: int = 0) -> Measurement:
     send = np.arange(n) * 0.01
     ok = np.arange(n) < n - failed
     first = np.where(ok, send + ttft_s, np.nan)
-    return Measurement(send, first, np.where(ok, first + 0.5, np.nan), np.full(n, 100), np.full(n, 10), ok)
+    return Measurement(
+        send, first, np.where(ok, first + 0.5, np.nan), np.full(n, 100), np.full(n, 10), ok
+    )
 
 
 class FakeSession:
@@ -98,7 +103,9 @@ def test_a_miss_at_the_nominal_rate_is_measured_and_halving_finds_the_capacity_b
     trial keeps its TTFT and SLA check, and the search halves down to min_rate."""
     session = FakeSession(capacity=2.5)
     metrics = search(session, scenario_at(16.0, min_rate=0.5))
-    assert metrics["ttft_p99_ms"] > BOUND_MS and metrics["requests_sent"] == 100  # whole, over the bound
+    assert (
+        metrics["ttft_p99_ms"] > BOUND_MS and metrics["requests_sent"] == 100
+    )  # whole, over the bound
     rates = [rate for rate, _ in session.calls]
     assert rates[:4] == [16.0, 8.0, 4.0, 2.0]
     assert 2.5 / 1.05 <= metrics["capacity_rate"] <= 2.5
@@ -133,8 +140,12 @@ def test_closed_loop_search_ends_on_whole_rates_within_its_bounds():
         ceiling = rng.randint(nominal + 1, 40)
         threshold = rng.uniform(0.5, 45)
         session = FakeSession(capacity=threshold)
-        metrics = search(session, scenario_at(nominal, closed=True, requests=50, min_rate=floor, max_rate=ceiling,
-                                              precision=0.01))
+        metrics = search(
+            session,
+            scenario_at(
+                nominal, closed=True, requests=50, min_rate=floor, max_rate=ceiling, precision=0.01
+            ),
+        )
         rates = [rate for rate, _ in session.calls]
         assert len(rates) == len(set(rates)), rates
         assert all(r.is_integer() and floor <= r <= ceiling for r in rates), rates
@@ -142,7 +153,9 @@ def test_closed_loop_search_ends_on_whole_rates_within_its_bounds():
         assert metrics["capacity_rate"] == expected, (floor, nominal, ceiling, threshold, rates)
 
 
-def futures_all_fail(planned: int, late_ok: int, late_in_flight: int, failed: int, min_success: float) -> bool:
+def futures_all_fail(
+    planned: int, late_ok: int, late_in_flight: int, failed: int, min_success: float
+) -> bool:
     """Brute force: every way the in-flight late requests end (late success or failure), the rest
     succeeding fast and the late ones barely over the bound (the kindest case); the load fails
     if numpy's p99 of successes or the success rate misses."""
@@ -172,6 +185,8 @@ def test_requests_late_then_failed_do_not_reject_a_load_that_passes():
     """The outside review's repro: SLA p99 200 ms with 98% success; two requests were late and
     then failed. The p99 over the 98 successes holds and 98% succeeded: the load passes, so
     early rejection must not stop it (the old rule counted the two as late)."""
-    assert not load_certainly_fails(100, late_ok=0, late_in_flight=0, failed=2, min_success_rate=0.98)
+    assert not load_certainly_fails(
+        100, late_ok=0, late_in_flight=0, failed=2, min_success_rate=0.98
+    )
     # Without a success-rate SLO every request must succeed: one failure settles it.
     assert load_certainly_fails(100, late_ok=0, late_in_flight=0, failed=1, min_success_rate=1.0)

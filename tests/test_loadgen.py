@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runners.measurement import p99_breaking_count
-from runners.measurement import summarize
+from runners.measurement import p99_breaking_count, summarize
 from runners.workload import make_requests
 from tests.conftest import engine_scenario
 from tests.test_runner_llamacpp import GOOD, make_runner
@@ -29,9 +28,13 @@ def test_breaking_count_is_exactly_where_numpys_p99_crosses_the_bound(planned):
         assert np.percentile(samples, 99) <= bound
 
 
-@pytest.mark.parametrize("arrival", [{"kind": "closed", "concurrency": 3},
-                                     {"kind": "gamma", "rate": 6.0, "burstiness": 0.3}])
-def test_every_arrival_process_serves_every_request(arrival, llama_server, tiny_model, tmp_path, gguf_cache):
+@pytest.mark.parametrize(
+    "arrival",
+    [{"kind": "closed", "concurrency": 3}, {"kind": "gamma", "rate": 6.0, "burstiness": 0.3}],
+)
+def test_every_arrival_process_serves_every_request(
+    arrival, llama_server, tiny_model, tmp_path, gguf_cache
+):
     data = engine_scenario(requests=16).model_dump(mode="json")
     data["workload"]["arrival"] = arrival
     scenario = type(engine_scenario()).model_validate(data)
@@ -53,7 +56,10 @@ def test_every_arrival_process_serves_every_request(arrival, llama_server, tiny_
         assert np.allclose(m.send_s - m.send_s[0], planned.arrival_s, atol=0.05)
 
 
-@pytest.mark.parametrize("arrival", [{"kind": "poisson", "rate": 2.0}, {"kind": "gamma", "rate": 10.0, "burstiness": 0.3}])
+@pytest.mark.parametrize(
+    "arrival",
+    [{"kind": "poisson", "rate": 2.0}, {"kind": "gamma", "rate": 10.0, "burstiness": 0.3}],
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_load_offers_exactly_its_stated_rate(arrival, seed):
     """A draw's own mean rate misses the stated one (seed 0's 200 arrivals at 2/s spanned 112.6 s

@@ -27,13 +27,18 @@ STREAMS = {
     # llama-server on a random model: 32 tokens, sent as one chunk with no text.
     "all-empty": [_chunk("", "length")],
     # A first token inside a multi-byte character: empty text first, the character next.
-    "empty-then-text": [_chunk(""), _chunk("你"), *[_chunk("x") for _ in range(30)], _chunk("", "length")],
+    "empty-then-text": [
+        _chunk(""),
+        _chunk("你"),
+        *[_chunk("x") for _ in range(30)],
+        _chunk("", "length"),
+    ],
     "plain": [*[_chunk("x") for _ in range(TOKENS)], _chunk("", "length")],
 }
 
 
 class _StandIn(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if body["prompt"] == "overloaded":
             self.send_response(503)
@@ -95,7 +100,7 @@ def test_a_refused_request_stops_a_load_that_must_all_succeed(stand_in):
 
 
 class _RefusesAll(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(503)
         self.end_headers()
@@ -115,9 +120,16 @@ def test_a_live_server_refusing_every_request_is_a_miss_not_an_engine_fault(tiny
     server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesAll)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        runner = OpenAIRunner(OpenAISettings(base_url=f"http://127.0.0.1:{server.server_address[1]}",
-                                             tokenizer=tiny_model, log_dir=tmp_path / "logs", warmup_requests=0,
-                                             served_model="stand-in"), hardware="cpu")
+        runner = OpenAIRunner(
+            OpenAISettings(
+                base_url=f"http://127.0.0.1:{server.server_address[1]}",
+                tokenizer=tiny_model,
+                log_dir=tmp_path / "logs",
+                warmup_requests=0,
+                served_model="stand-in",
+            ),
+            hardware="cpu",
+        )
         m = runner.run({}, engine_scenario(requests=6).workload, Sla(ttft_p99_ms=1000))
     finally:
         server.shutdown()

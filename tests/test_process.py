@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, log_line_ready, port_is_free
+from runners.process import (
+    EngineFailed,
+    EngineProcess,
+    choose_port,
+    http_ready,
+    log_line_ready,
+    port_is_free,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -94,7 +101,9 @@ def test_engine_that_never_gets_ready_times_out_and_is_stopped(tmp_path):
     argv = _script(tmp_path, "import time; time.sleep(600)")
     with pytest.raises(EngineFailed) as failure:
         with EngineProcess(argv, os.environ, tmp_path / "engine.log", grace_s=1) as engine:
-            engine.wait_ready(http_ready(f"http://127.0.0.1:{choose_port(None)}/health"), timeout_s=0.5)
+            engine.wait_ready(
+                http_ready(f"http://127.0.0.1:{choose_port(None)}/health"), timeout_s=0.5
+            )
     assert failure.value.kind == "timeout"
     assert _wait_gone(engine.pid)
 
@@ -112,7 +121,9 @@ def test_taken_port_is_replaced():
 def test_engine_dies_with_autotune_even_on_sigkill(tmp_path):
     """autotune killed with SIGKILL runs no cleanup: the parent-death signal stops the engine."""
     engine_log = tmp_path / "engine.log"
-    parent = _script(tmp_path, f"""
+    parent = _script(
+        tmp_path,
+        f"""
         import os, sys, time
         sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
         from runners.process import EngineProcess
@@ -121,7 +132,8 @@ def test_engine_dies_with_autotune_even_on_sigkill(tmp_path):
         engine.__enter__()
         print(engine.pid, flush=True)
         time.sleep(600)
-    """)
+    """,
+    )
     proc = subprocess.Popen(parent, stdout=subprocess.PIPE, text=True)
     engine_pid = int(proc.stdout.readline())
     assert _alive(engine_pid)

@@ -58,7 +58,9 @@ def test_a_tie_for_the_top_token_is_agreement_whichever_way_it_is_listed():
     tied = {4: ln(0.4), 5: ln(0.4), 6: ln(0.2)}
     listed_otherwise = {5: ln(0.4), 4: ln(0.4), 6: ln(0.2)}
     assert compare([[tied]], [[listed_otherwise]]) == (0.0, 1.0, 1)
-    assert compare([[tied]], [[{4: ln(0.3), 5: ln(0.5), 6: ln(0.2)}]])[1] == 1.0  # 5 is a top token of both
+    assert (
+        compare([[tied]], [[{4: ln(0.3), 5: ln(0.5), 6: ln(0.2)}]])[1] == 1.0
+    )  # 5 is a top token of both
     assert compare([[tied]], [[{4: ln(0.2), 5: ln(0.2), 6: ln(0.6)}]])[1] == 0.0
 
 
@@ -119,11 +121,15 @@ def test_shipped_evaluation_set_is_varied_and_its_hash_stable():
 
 def test_a_users_prompts_file_is_read_and_checked(tmp_path):
     good = tmp_path / "prompts.yaml"
-    good.write_text("prompts:\n  - 'Patient reports chest pain.'\n  - 'Dosage: 5 mg daily.'\n", encoding="utf-8")
+    good.write_text(
+        "prompts:\n  - 'Patient reports chest pain.'\n  - 'Dosage: 5 mg daily.'\n", encoding="utf-8"
+    )
     assert load_eval_prompts(good) == ["Patient reports chest pain.", "Dosage: 5 mg daily."]
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("prompts:\n  - 'café'\n".encode("latin-1"))
-    with pytest.raises(InputError, match=r"latin1\.yaml: not UTF-8 text \(byte \d+\); save it as UTF-8"):
+    with pytest.raises(
+        InputError, match=r"latin1\.yaml: not UTF-8 text \(byte \d+\); save it as UTF-8"
+    ):
         load_eval_prompts(latin1)
     empty = tmp_path / "empty.yaml"
     empty.write_text("prompts: []\n", encoding="utf-8")

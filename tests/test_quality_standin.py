@@ -22,7 +22,7 @@ from runners.quality import QualityUnavailable, load_eval_prompts
 from tests.conftest import small_scenario
 from tests.test_runner_mindie import INSTALLED
 
-STAND_IN = r'''
+STAND_IN = r"""
 import json, math, os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -58,7 +58,7 @@ server = config["ServerConfig"]
 httpd = ThreadingHTTPServer((server["ipAddress"], server["port"]), Handler)
 print("Daemon start success!", flush=True)
 httpd.serve_forever()
-'''
+"""
 
 
 def _install(folder: Path, with_logprobs: bool = True) -> Path:
@@ -73,8 +73,14 @@ def _install(folder: Path, with_logprobs: bool = True) -> Path:
 
 
 def _runner(install: Path, model: Path, tmp: Path) -> MindIERunner:
-    settings = MindIESettings(install_dir=install, model=model, log_dir=tmp / "logs", quality_cache=tmp / "quality",
-                              weights={"w8a8": tmp / "qwen-w8a8"}, warmup_requests=1)
+    settings = MindIESettings(
+        install_dir=install,
+        model=model,
+        log_dir=tmp / "logs",
+        quality_cache=tmp / "quality",
+        weights={"w8a8": tmp / "qwen-w8a8"},
+        warmup_requests=1,
+    )
     return MindIERunner(settings, hardware="stand-in")
 
 
@@ -111,7 +117,9 @@ def test_standin_mindie_measures_against_a_reference_it_starts_once(tiny_model, 
     assert razor.kl == pytest.approx(0.006435, abs=1e-6) and razor.top1_agreement == 1.0
     reference = _measure(runner, BASE | {"quantization": "bf16", "kv_compression": 1.0}, prompts)
     assert reference.kl == 0.0 and reference.top1_agreement == 1.0
-    assert len(list((tmp_path / "logs").iterdir())) == 4  # one daemon per trial, no second reference
+    assert (
+        len(list((tmp_path / "logs").iterdir())) == 4
+    )  # one daemon per trial, no second reference
 
 
 def test_standin_mindie_reference_prepared_before_any_trial_engine(tiny_model, tmp_path):
@@ -130,11 +138,15 @@ def test_standin_server_without_prompt_logprobs_is_not_measured_and_says_why(tin
     """Stand-in daemon, not MindIE: one that ignores prompt_logprobs."""
     runner = _runner(_install(tmp_path / "mindie", with_logprobs=False), tiny_model, tmp_path)
     with pytest.raises(QualityUnavailable, match="returns no prompt_logprobs"):
-        _measure(runner, BASE | {"quantization": "bf16", "kv_compression": 1.0}, load_eval_prompts(None))
+        _measure(
+            runner, BASE | {"quantization": "bf16", "kv_compression": 1.0}, load_eval_prompts(None)
+        )
     assert not list((tmp_path / "quality").rglob("*.json"))  # nothing half-measured is kept
 
 
 def test_openai_runner_on_a_running_server_has_no_reference_to_compare_with(tmp_path):
-    runner = OpenAIRunner(OpenAISettings(base_url="http://127.0.0.1:9", log_dir=tmp_path), hardware="x")
+    runner = OpenAIRunner(
+        OpenAISettings(base_url="http://127.0.0.1:9", log_dir=tmp_path), hardware="x"
+    )
     with pytest.raises(QualityUnavailable, match="the server at base_url is already running"):
         runner.measure_quality({}, None, ["text"])

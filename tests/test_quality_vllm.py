@@ -28,17 +28,23 @@ def test_vllm_cpu_quality_of_its_cpu_precisions_and_fp8_kv(vllm_python, tiny_mod
     """Four engine starts (about 25 s each on an idle CPU). The reference's path through a second
     engine beside a trial's is the same code as MindIE's, tested on the stand-in."""
     settings = vllm_settings(vllm_python, tiny_model, tmp_path / "logs") | {
-        "quality_cache": str(tmp_path / "quality"), "online_quantization": {"w8a8": "fp8_per_channel"}}
+        "quality_cache": str(tmp_path / "quality"),
+        "online_quantization": {"w8a8": "fp8_per_channel"},
+    }
     runner = VLLMRunner(VLLMRunner.settings_model.model_validate(settings), hardware="cpu")
     prompts = load_eval_prompts(None)
     # The reference's trial measures the reference; asked again, the engine is compared with it.
-    first, reference = _measure(runner, BASE | {"quantization": "bf16", "kv_compression": 1.0}, prompts, times=2)
+    first, reference = _measure(
+        runner, BASE | {"quantization": "bf16", "kv_compression": 1.0}, prompts, times=2
+    )
     assert "the reference config itself" in first.note and "against the reference" in reference.note
     assert reference.kl == pytest.approx(0.0, abs=1e-9) and reference.top1_agreement == 1.0
     [kv8] = _measure(runner, BASE | {"quantization": "bf16", "kv_compression": 0.5}, prompts)
     [fp16] = _measure(runner, BASE | {"quantization": "fp16", "kv_compression": 1.0}, prompts)
     [w8a8] = _measure(runner, BASE | {"quantization": "w8a8", "kv_compression": 1.0}, prompts)
-    assert len(list((tmp_path / "logs").glob("*-vllm"))) == 4  # no other reference engine was started
+    assert (
+        len(list((tmp_path / "logs").glob("*-vllm"))) == 4
+    )  # no other reference engine was started
     # 8-bit floats (weights and activations) stray further than 16-bit ones; an fp8 cache strays too.
     assert w8a8.kl > fp16.kl > 0 and w8a8.top1_agreement < fp16.top1_agreement < 1.0
     assert kv8.kl > 0 and kv8.top1_agreement < 1.0

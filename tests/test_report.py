@@ -21,16 +21,28 @@ from tests.conftest import run_autotune
 
 STUDY = "small-cs.sim.mindie.qwen2-7b.ascend-910b2"
 # Chromium's own background traffic off; every name resolves nowhere, so nothing could leave anyway.
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-                  "--host-resolver-rules=MAP * ~NOTFOUND", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
-                  "--disable-extensions", "--virtual-time-budget=10000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--virtual-time-budget=10000",
+]
 
 
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory, request) -> Path:
-    from tests.conftest import small_scenario
     import yaml
+
+    from tests.conftest import small_scenario
 
     work = tmp_path_factory.mktemp("report")
     data = small_scenario(requests=200).model_dump(mode="json")
@@ -56,8 +68,12 @@ def test_report_renders_in_headless_chromium_offline(study_dir: Path, tmp_path: 
     text = page.read_text()
     assert "http://" not in text.split("<script>")[0] and "<script src=" not in text
     netlog = tmp_path / "net.json"
-    shown = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--log-net-log={netlog}", "--dump-dom", page.as_uri()],
-                           capture_output=True, text=True, timeout=120)
+    shown = subprocess.run(
+        [_chromium(), *CHROMIUM_FLAGS, f"--log-net-log={netlog}", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     dom = shown.stdout
     # plotly drew every figure: the Pareto plot, the curves, progress, importance, parallel coordinates
@@ -65,14 +81,21 @@ def test_report_renders_in_headless_chromium_offline(study_dir: Path, tmp_path: 
     assert "TTFT p99 against throughput" in dom and "Latency against throughput" in dom
     assert "Exported config: trial" in dom
     # The answer leads (the recommended config, its quality, the ladder, the Pareto plot); the raw YAML comes last.
-    assert dom.index("recommended") < dom.index("Quality ladder") < dom.index("TTFT p99 against throughput") \
+    assert (
+        dom.index("recommended")
+        < dom.index("Quality ladder")
+        < dom.index("TTFT p99 against throughput")
         < dom.index("Exported config: trial")
+    )
     console = [line for line in shown.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console  # no error, no warning, nothing logged by the page
     events = json.loads(netlog.read_text())["events"]
-    page_requests = {e["params"]["url"] for e in events
-                     if str(e.get("params", {}).get("network_isolation_key", "")).startswith("file://")
-                     and not e["params"].get("url", "file:").startswith("file:")}
+    page_requests = {
+        e["params"]["url"]
+        for e in events
+        if str(e.get("params", {}).get("network_isolation_key", "")).startswith("file://")
+        and not e["params"].get("url", "file:").startswith("file:")
+    }
     assert page_requests == set()
     png = study_dir / "best-config.report.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -87,10 +110,26 @@ def test_report_command_and_its_bad_input(study_dir: Path, tmp_path: Path):
     def refused(*args: str, expected: str) -> None:
         result = run_autotune("report", *args, cwd=tmp_path)
         assert result.returncode == 2, result.stderr
-        assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, (
+            result.stderr
+        )
 
-    refused("--storage", db, "--study", "nope", "-o", str(tmp_path / "x.html"), expected="no study 'nope'")
-    refused("--storage", f"sqlite:///{tmp_path / 'none.db'}", "-o", str(tmp_path / "x.html"), expected="no database at")
+    refused(
+        "--storage",
+        db,
+        "--study",
+        "nope",
+        "-o",
+        str(tmp_path / "x.html"),
+        expected="no study 'nope'",
+    )
+    refused(
+        "--storage",
+        f"sqlite:///{tmp_path / 'none.db'}",
+        "-o",
+        str(tmp_path / "x.html"),
+        expected="no database at",
+    )
     assert not (tmp_path / "none.db").exists()
     refused("--storage", db, "-o", str(tmp_path / "missing" / "x.html"), expected="-o: directory")
     refused("--storage", db, "-o", "/proc/x.html", expected="-o: cannot write in /proc")
@@ -99,8 +138,19 @@ def test_report_command_and_its_bad_input(study_dir: Path, tmp_path: Path):
 
     # A study whose every trial failed has nothing to report.
     (tmp_path / "huge.yaml").write_text("knobs:\n  max_prefill_tokens: {value: 1000000}\n")
-    none = run_autotune("--scenario", str(study_dir / "small.yaml"), "--trials", "2", "--space", "huge.yaml",
-                        "--storage", "sqlite:///f.db", "--study", "f", cwd=tmp_path)
+    none = run_autotune(
+        "--scenario",
+        str(study_dir / "small.yaml"),
+        "--trials",
+        "2",
+        "--space",
+        "huge.yaml",
+        "--storage",
+        "sqlite:///f.db",
+        "--study",
+        "f",
+        cwd=tmp_path,
+    )
     assert none.returncode == 3, none.stderr
     assert not (tmp_path / "best-config.report.html").exists()
     refused("--storage", "sqlite:///f.db", "-o", "f.html", expected="no completed trial")
@@ -142,24 +192,56 @@ def test_log_axes_span_the_measured_values(tmp_path: Path):
     data = small_scenario(requests=100).model_dump(mode="json") | {"name": "strict"}
     data["sla"]["ttft_p99_ms"] = 200
     (tmp_path / "strict.yaml").write_text(yaml.safe_dump(data))
-    assert run_autotune("--scenario", "strict.yaml", "--trials", "6", "--no-html", cwd=tmp_path).returncode == 0
-    study = optuna.load_study(study_name="strict.sim.mindie.qwen2-7b.ascend-910b2", storage=f"sqlite:///{tmp_path / 'studies.db'}")
+    assert (
+        run_autotune(
+            "--scenario", "strict.yaml", "--trials", "6", "--no-html", cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    study = optuna.load_study(
+        study_name="strict.sim.mindie.qwen2-7b.ascend-910b2",
+        storage=f"sqlite:///{tmp_path / 'studies.db'}",
+    )
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     best = max((t for t in done if is_feasible(t.constraints)), key=lambda t: t.values[1])
     steps = best.user_attrs["capacity_steps"] + [
         {"rate": 1000.0, "ttft_p99_ms": math.inf, "output_tokens_per_s": 10.0, "meets_sla": False},
-        {"rate": 0.01, "ttft_p99_ms": 0.0, "output_tokens_per_s": 1.0, "meets_sla": True}]
+        {"rate": 0.01, "ttft_p99_ms": 0.0, "output_tokens_per_s": 1.0, "meets_sla": True},
+    ]
     for values, attrs, constraints in (
-            ([best.values[0], best.values[1] * 2], {"capacity_steps": steps}, list(best.constraints.values())),
-            ([math.inf, 0.0], {}, [1.0] * len(best.constraints))):
-        study.add_trial(optuna.trial.create_trial(values=values, params=best.params, distributions=best.distributions,
-                                                  user_attrs=best.user_attrs | attrs, system_attrs={"constraints": constraints}))
+        (
+            [best.values[0], best.values[1] * 2],
+            {"capacity_steps": steps},
+            list(best.constraints.values()),
+        ),
+        ([math.inf, 0.0], {}, [1.0] * len(best.constraints)),
+    ):
+        study.add_trial(
+            optuna.trial.create_trial(
+                values=values,
+                params=best.params,
+                distributions=best.distributions,
+                user_attrs=best.user_attrs | attrs,
+                system_attrs={"constraints": constraints},
+            )
+        )
     assert run_autotune("report", "-o", "r.html", cwd=tmp_path).returncode == 0
-    shown = subprocess.run([_chromium(), *CHROMIUM_FLAGS, "--dump-dom", (tmp_path / "r.html").as_uri()],
-                           capture_output=True, text=True, timeout=120)
+    shown = subprocess.run(
+        [_chromium(), *CHROMIUM_FLAGS, "--dump-dom", (tmp_path / "r.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
-    finite = [t.values[0] for t in done] + [200] + [s["ttft_p99_ms"] for s in best.user_attrs["capacity_steps"]
-                                                   if s.get("ttft_p99_ms") is not None]
+    finite = (
+        [t.values[0] for t in done]
+        + [200]
+        + [
+            s["ttft_p99_ms"]
+            for s in best.user_attrs["capacity_steps"]
+            if s.get("ttft_p99_ms") is not None
+        ]
+    )
     for title, axis in (("TTFT p99 against throughput", "x"), ("Latency against throughput", "y")):
         ticks = _tick_values(shown.stdout, title, axis)
         assert min(finite) / 10 <= min(ticks) and max(ticks) <= max(finite) * 10, (title, ticks)
@@ -177,9 +259,19 @@ def test_optuna_dashboard_shows_sla_feasibility(study_dir: Path):
     there, and feasible exactly when the trial met the SLA."""
     dashboard = Path(sys.executable).with_name("optuna-dashboard")
     port = _free_port()
-    server = subprocess.Popen([str(dashboard), f"sqlite:///{study_dir / 'studies.db'}", "--host", "127.0.0.1",
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [
+            str(dashboard),
+            f"sqlite:///{study_dir / 'studies.db'}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -202,20 +294,38 @@ def test_optuna_dashboard_shows_sla_feasibility(study_dir: Path):
     for number, trial in trials.items():
         assert trial["constraints"] == list(expected[number].constraints.values())
         met = expected[number].user_attrs["status"] == "feasible"
-        assert all(c <= 0 for c in trial["constraints"]) == met == is_feasible(expected[number].constraints)
+        assert (
+            all(c <= 0 for c in trial["constraints"])
+            == met
+            == is_feasible(expected[number].constraints)
+        )
     assert any(all(c <= 0 for c in t["constraints"]) for t in trials.values())
     assert any(any(c > 0 for c in t["constraints"]) for t in trials.values())
-    assert shown.get("objective_names") == ["ttft_p99_ms", "capacity_output_tokens_per_s"]  # set_metric_names
+    assert shown.get("objective_names") == [
+        "ttft_p99_ms",
+        "capacity_output_tokens_per_s",
+    ]  # set_metric_names
 
 
-def _screened_trial(values: tuple[float, float] | None, constraints: list[float] | None, predicted: float,
-                    fault: str | None = None) -> optuna.trial.FrozenTrial:
-    attrs = {"screen": {"round": 1, "predicted_ttft_p99_ms": 50.0, "predicted_throughput": predicted}}
+def _screened_trial(
+    values: tuple[float, float] | None,
+    constraints: list[float] | None,
+    predicted: float,
+    fault: str | None = None,
+) -> optuna.trial.FrozenTrial:
+    attrs = {
+        "screen": {"round": 1, "predicted_ttft_p99_ms": 50.0, "predicted_throughput": predicted}
+    }
     if fault is not None:
-        return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=attrs | {"fault": fault})
+        return optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL, user_attrs=attrs | {"fault": fault}
+        )
     named = dict(zip(("ttft_p99", "success_rate"), constraints))
-    return optuna.trial.create_trial(values=list(values), user_attrs=attrs | {"sla_constraints": named},
-                                     system_attrs={"constraints": constraints})
+    return optuna.trial.create_trial(
+        values=list(values),
+        user_attrs=attrs | {"sla_constraints": named},
+        system_attrs={"constraints": constraints},
+    )
 
 
 def test_screen_chart_shows_every_pick_with_misses_and_failures_marked():
@@ -228,8 +338,12 @@ def test_screen_chart_shows_every_pick_with_misses_and_failures_marked():
     study = optuna.create_study(directions=["minimize", "maximize"])
     study.add_trial(_screened_trial((80.0, 900.0), [-0.2, 0.0], predicted=1000.0))
     study.add_trial(_screened_trial((450.0, 300.0), [1.25, 0.0], predicted=2000.0))
-    study.add_trial(_screened_trial(None, None, predicted=3000.0, fault="engine exited during the load"))
-    study.add_trial(optuna.trial.create_trial(values=[70.0, 950.0], system_attrs={"constraints": [-0.1, 0.0]}))
+    study.add_trial(
+        _screened_trial(None, None, predicted=3000.0, fault="engine exited during the load")
+    )
+    study.add_trial(
+        optuna.trial.create_trial(values=[70.0, 950.0], system_attrs={"constraints": [-0.1, 0.0]})
+    )
     fig = screen_figure(study, load_scenario("customer-service"))
     groups = {trace.name: trace for trace in fig.data if trace.mode == "markers"}
     meets = next(t for name, t in groups.items() if name.startswith("meets"))

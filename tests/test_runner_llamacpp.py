@@ -9,9 +9,9 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,27 +35,40 @@ GGUF_FILE_TYPES = {"bf16": "BF16", "w8a8": "Q8_0", "w4a16": "Q4_0"}
 
 
 def llama_settings(server: Path, model: Path, logs: Path, cache: Path, **extra) -> dict:
-    return {"engine_cmd": [str(server)], "model": str(model), "threads": 1, "pre_tokenizer": "qwen2",
-            "gguf_cache": str(cache), "log_dir": str(logs), "warmup_requests": 1, "ready_timeout_s": 60,
-            **extra}
+    return {
+        "engine_cmd": [str(server)],
+        "model": str(model),
+        "threads": 1,
+        "pre_tokenizer": "qwen2",
+        "gguf_cache": str(cache),
+        "log_dir": str(logs),
+        "warmup_requests": 1,
+        "ready_timeout_s": 60,
+        **extra,
+    }
 
 
 def make_runner(server, model, tmp: Path, cache: Path, **extra) -> LlamaCppRunner:
-    settings = LlamaCppSettings.model_validate(llama_settings(server, model, tmp / "logs", cache, **extra))
+    settings = LlamaCppSettings.model_validate(
+        llama_settings(server, model, tmp / "logs", cache, **extra)
+    )
     return LlamaCppRunner(settings, hardware="cpu")
 
 
 def engine_facts(log: str) -> dict:
     """What llama-server itself reports about the model and cache it set up."""
+
     def find(pattern: str) -> str | None:
         match = re.search(pattern, log)
         return match.group(1) if match else None
 
-    return {"slots": find(r"n_slots = (\d+)"),
-            "file_type": find(r"file type\s+=\s+(\S+)"),
-            "kv_type": find(r"K \((\w+)\)"),
-            "n_batch": find(r"n_batch\s+=\s+(\d+)"),
-            "n_ubatch": find(r"n_ubatch\s+=\s+(\d+)")}
+    return {
+        "slots": find(r"n_slots = (\d+)"),
+        "file_type": find(r"file type\s+=\s+(\S+)"),
+        "kv_type": find(r"K \((\w+)\)"),
+        "n_batch": find(r"n_batch\s+=\s+(\d+)"),
+        "n_ubatch": find(r"n_ubatch\s+=\s+(\d+)"),
+    }
 
 
 GOOD = {"batch_size": 4, "max_prefill_tokens": 512, "quantization": "w8a8", "kv_compression": 0.5}
@@ -75,7 +88,12 @@ class TestLlamaCpp(RunnerContract):
     @pytest.fixture(scope="class")
     @classmethod
     def impossible_config(cls):
-        return {"batch_size": 4, "max_prefill_tokens": 512, "quantization": "w8a16", "kv_compression": 1.0}
+        return {
+            "batch_size": 4,
+            "max_prefill_tokens": 512,
+            "quantization": "w8a16",
+            "kv_compression": 1.0,
+        }
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -90,25 +108,50 @@ class TestLlamaCpp(RunnerContract):
         assert facts["n_batch"] == facts["n_ubatch"] == "512"
 
 
-def test_twelve_trial_study_covers_every_precision_and_kv_setting(llama_server, tiny_model, tmp_path, gguf_cache):
+def test_twelve_trial_study_covers_every_precision_and_kv_setting(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
     scenario = engine_scenario()
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
-    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
-        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
-        "batch_size": {"choices": [1, 8]}, "max_prefill_tokens": {"value": 256}}}))
+    (tmp_path / "runner.yaml").write_text(
+        yaml.safe_dump(llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache))
+    )
+    (tmp_path / "space.yaml").write_text(
+        yaml.safe_dump(
+            {"knobs": {"batch_size": {"choices": [1, 8]}, "max_prefill_tokens": {"value": 256}}}
+        )
+    )
     db = tmp_path / "studies.db"
-    done = run_autotune("--scenario", "scenario.yaml", "--runner", "llamacpp", "--runner-config", "runner.yaml",
-                        "--space", "space.yaml", "--sampler", "grid", "--trials", "12",
-                        "--storage", f"sqlite:///{db}", cwd=tmp_path, timeout=900)
+    done = run_autotune(
+        "--scenario",
+        "scenario.yaml",
+        "--runner",
+        "llamacpp",
+        "--runner-config",
+        "runner.yaml",
+        "--space",
+        "space.yaml",
+        "--sampler",
+        "grid",
+        "--trials",
+        "12",
+        "--storage",
+        f"sqlite:///{db}",
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr
     assert "select_batch dropped: llamacpp cannot express it" in done.stderr
     assert (tmp_path / "best-config.yaml").exists()
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     trials = study.trials
-    assert len(trials) == 12 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), \
-        [t.user_attrs.get("fault") for t in trials]
-    combos = {(t.params["batch_size"], t.params["quantization"], t.params["kv_compression"]) for t in trials}
+    assert len(trials) == 12 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), [
+        t.user_attrs.get("fault") for t in trials
+    ]
+    combos = {
+        (t.params["batch_size"], t.params["quantization"], t.params["kv_compression"])
+        for t in trials
+    }
     assert len(combos) == 12
     planned = make_requests(scenario.workload)
     for trial in trials:
@@ -124,11 +167,14 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(llama_server, 
 
 def _metric(text: str, name: str) -> float:
     """A counter of llama-server's Prometheus /metrics."""
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+    return float(
+        next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " "))
+    )
 
 
 def test_llama_server_started_from_an_export_serves_the_longest_request_on_every_slot(
-        llama_server, tiny_model, tmp_path, gguf_cache):
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
     """What a user deploys is what was measured: llama-server started from a study's export
     (its `server_args`, plus the host, port and GGUF path a deployer supplies) sets up the
     slots, per-slot context and threads the trial's engine reported, and holds the scenario's
@@ -137,45 +183,95 @@ def test_llama_server_started_from_an_export_serves_the_longest_request_on_every
     model's whole 4,096-token context (measured here), not the 256 the trial ran with."""
     data = engine_scenario().model_dump(mode="json") | {"load": {"mode": "fixed"}}
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(data))
-    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
-        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
+    (tmp_path / "runner.yaml").write_text(
+        yaml.safe_dump(llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache))
+    )
     slots, prompt, answer = 64, 96, 24
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
-        "batch_size": {"value": slots}, "max_prefill_tokens": {"value": 256}, "quantization": {"value": "w8a8"},
-        "kv_compression": {"value": 0.5}}}))
-    done = run_autotune("--scenario", "scenario.yaml", "--runner", "llamacpp", "--runner-config", "runner.yaml",
-                        "--space", "space.yaml", "--trials", "1", "--storage", f"sqlite:///{tmp_path / 's.db'}",
-                        "--no-html", cwd=tmp_path, timeout=600)
+    (tmp_path / "space.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "knobs": {
+                    "batch_size": {"value": slots},
+                    "max_prefill_tokens": {"value": 256},
+                    "quantization": {"value": "w8a8"},
+                    "kv_compression": {"value": 0.5},
+                }
+            }
+        )
+    )
+    done = run_autotune(
+        "--scenario",
+        "scenario.yaml",
+        "--runner",
+        "llamacpp",
+        "--runner-config",
+        "runner.yaml",
+        "--space",
+        "space.yaml",
+        "--trials",
+        "1",
+        "--storage",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--no-html",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     exported = load_export(tmp_path / "best-config.yaml")
     args = exported.native["llamacpp"]["server_args"]
-    assert args[args.index("-t") + 1] == "1"  # the runner config's threads: part of what was measured
+    assert (
+        args[args.index("-t") + 1] == "1"
+    )  # the runner config's threads: part of what was measured
     gguf = make_runner(llama_server, tiny_model, tmp_path, gguf_cache).gguf("w8a8")
     assert exported.native["llamacpp"]["gguf_type"] == "Q8_0" == gguf.stem
     port = choose_port(None)
-    argv = [str(llama_server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--metrics", *args]
+    argv = [
+        str(llama_server),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics",
+        *args,
+    ]
     prompts = PromptMaker(load_tokenizer(tiny_model, "tokenizer")).make([prompt] * slots, seed=5)
     base = f"http://127.0.0.1:{port}"
     with EngineProcess(argv, dict(os.environ), tmp_path / "deployed.log", grace_s=5) as engine:
         engine.wait_ready(http_ready(f"{base}/health"), 60)
         with httpx.Client(timeout=120) as client, ThreadPoolExecutor(slots) as pool:
             body = lambda text: {"prompt": text, "max_tokens": answer, "ignore_eos": True}  # noqa: E731
-            replies = list(pool.map(lambda text: client.post(f"{base}/v1/completions", json=body(text)), prompts))
+            replies = list(
+                pool.map(
+                    lambda text: client.post(f"{base}/v1/completions", json=body(text)), prompts
+                )
+            )
             counters = client.get(f"{base}/metrics").text
     setup = re.compile(r"n_slots = \d+, n_ctx_slot = \d+|n_threads = \d+")
-    trial_log = Path(optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 's.db'}")
-                     .trials[0].user_attrs["runner_engine_log"]).read_text()
+    trial_log = Path(
+        optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 's.db'}")
+        .trials[0]
+        .user_attrs["runner_engine_log"]
+    ).read_text()
     deployed_log = (tmp_path / "deployed.log").read_text()
-    assert set(setup.findall(deployed_log)) == set(setup.findall(trial_log)) == {
-        f"n_slots = {slots}, n_ctx_slot = 256", "n_threads = 1"}  # -c 7,680 over 64 slots, padded to 256
+    assert (
+        set(setup.findall(deployed_log))
+        == set(setup.findall(trial_log))
+        == {f"n_slots = {slots}, n_ctx_slot = 256", "n_threads = 1"}
+    )  # -c 7,680 over 64 slots, padded to 256
     failed = [r.text[:200] for r in replies if r.status_code != 200]
     assert not failed, (len(failed), failed[0], tail(tmp_path / "deployed.log"))
     assert [r.json()["usage"]["completion_tokens"] for r in replies] == [answer] * slots
     assert all(r.json()["usage"]["prompt_tokens"] >= prompt for r in replies)
-    assert _metric(counters, "llamacpp:tokens_predicted_total") == slots * answer  # the server's own count
+    assert (
+        _metric(counters, "llamacpp:tokens_predicted_total") == slots * answer
+    )  # the server's own count
 
 
-def test_early_rejection_stops_the_load_and_keeps_partial_metrics(llama_server, tiny_model, tmp_path, gguf_cache):
+def test_early_rejection_stops_the_load_and_keeps_partial_metrics(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
     scenario = engine_scenario(requests=120, rate=40.0, ttft_ms=1.0)
     runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
     m = runner.run({**GOOD, "batch_size": 1}, scenario.workload, scenario.sla, stop_early=True)
@@ -185,8 +281,12 @@ def test_early_rejection_stops_the_load_and_keeps_partial_metrics(llama_server, 
     assert not _alive(m.extra["engine_pid"])
 
 
-def test_bad_flag_fails_the_trial_with_the_engine_log(llama_server, tiny_model, tmp_path, gguf_cache):
-    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, extra_args=["--no-such-flag"])
+def test_bad_flag_fails_the_trial_with_the_engine_log(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
+    runner = make_runner(
+        llama_server, tiny_model, tmp_path, gguf_cache, extra_args=["--no-such-flag"]
+    )
     m = runner.run(GOOD, engine_scenario(requests=4).workload)
     assert m.fault is not None and m.fault.kind == "start"
     assert "no-such-flag" in m.fault.log_tail
@@ -218,6 +318,7 @@ def test_taken_port_is_replaced_and_the_trial_runs(llama_server, tiny_model, tmp
 def _during_load(log_dir: Path, action, after_s: float = 2.0) -> threading.Thread:
     """Call `action(pid)` on the engine `after_s` seconds after it started (mid-load here:
     llama-server is ready in well under a second and the load lasts about ten)."""
+
     def watch() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -233,7 +334,9 @@ def _during_load(log_dir: Path, action, after_s: float = 2.0) -> threading.Threa
     return thread
 
 
-def test_engine_killed_mid_trial_is_a_crash_with_its_log(llama_server, tiny_model, tmp_path, gguf_cache):
+def test_engine_killed_mid_trial_is_a_crash_with_its_log(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
     runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
     killer = _during_load(tmp_path / "logs", lambda pid: os.kill(pid, signal.SIGKILL))
     m = runner.run(GOOD, engine_scenario(requests=40).workload)
@@ -244,7 +347,9 @@ def test_engine_killed_mid_trial_is_a_crash_with_its_log(llama_server, tiny_mode
 
 
 def test_hung_engine_stalls_requests_and_is_killed(llama_server, tiny_model, tmp_path, gguf_cache):
-    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, request_timeout_s=2, stop_grace_s=1)
+    runner = make_runner(
+        llama_server, tiny_model, tmp_path, gguf_cache, request_timeout_s=2, stop_grace_s=1
+    )
     freezer = _during_load(tmp_path / "logs", lambda pid: os.kill(pid, signal.SIGSTOP))
     m = runner.run(GOOD, engine_scenario(requests=40).workload)
     freezer.join()
@@ -253,15 +358,36 @@ def test_hung_engine_stalls_requests_and_is_killed(llama_server, tiny_model, tmp
     assert _wait_gone(m.extra["engine_pid"])  # SIGTERM cannot reach a stopped process; SIGKILL did
 
 
-def test_ctrl_c_stops_the_engine_and_keeps_finished_trials(llama_server, tiny_model, tmp_path, gguf_cache):
+def test_ctrl_c_stops_the_engine_and_keeps_finished_trials(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
     scenario = engine_scenario(requests=40)
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
-    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
-        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
+    (tmp_path / "runner.yaml").write_text(
+        yaml.safe_dump(llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache))
+    )
     db = tmp_path / "studies.db"
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "--scenario", "scenario.yaml", "--runner", "llamacpp",
-                             "--runner-config", "runner.yaml", "--trials", "5", "--storage", f"sqlite:///{db}"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "--scenario",
+            "scenario.yaml",
+            "--runner",
+            "llamacpp",
+            "--runner-config",
+            "runner.yaml",
+            "--trials",
+            "5",
+            "--storage",
+            f"sqlite:///{db}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while len(list((tmp_path / "logs").glob("*/engine.pid"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -276,28 +402,73 @@ def test_ctrl_c_stops_the_engine_and_keeps_finished_trials(llama_server, tiny_mo
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     states = [t.state for t in study.trials]
     assert states[0] == optuna.trial.TrialState.COMPLETE
-    assert states[-1] == optuna.trial.TrialState.FAIL and study.trials[-1].user_attrs["fault_kind"] == "interrupted"
+    assert (
+        states[-1] == optuna.trial.TrialState.FAIL
+        and study.trials[-1].user_attrs["fault_kind"] == "interrupted"
+    )
 
 
-def test_screen_sim_runs_only_the_simulators_picks_for_real(llama_server, tiny_model, tmp_path, gguf_cache):
+def test_screen_sim_runs_only_the_simulators_picks_for_real(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
     """`--screen sim` on a real llama-server: before each real trial the simulator (llama.cpp's
     slot scheduler, this CPU's measured profile, recalibrated on the real trials so far) runs a
     round of candidates; the real study holds only real trials, each with its prediction, and
     the simulated ones are kept in `<study>.screen`."""
     scenario = engine_scenario()
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
-    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(
-        llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache)))
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
-        "batch_size": {"choices": [1, 4, 16]}, "max_prefill_tokens": {"value": 256}, "kv_compression": {"value": 1.0},
-        "quantization": {"choices": ["bf16", "w8a8"]}}}))
-    assert run_autotune("profile-hardware", "--model", str(tiny_model), "-o", "cpu.yaml", cwd=tmp_path,
-                        timeout=240).returncode == 0
+    (tmp_path / "runner.yaml").write_text(
+        yaml.safe_dump(llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache))
+    )
+    (tmp_path / "space.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "knobs": {
+                    "batch_size": {"choices": [1, 4, 16]},
+                    "max_prefill_tokens": {"value": 256},
+                    "kv_compression": {"value": 1.0},
+                    "quantization": {"choices": ["bf16", "w8a8"]},
+                }
+            }
+        )
+    )
+    assert (
+        run_autotune(
+            "profile-hardware",
+            "--model",
+            str(tiny_model),
+            "-o",
+            "cpu.yaml",
+            cwd=tmp_path,
+            timeout=240,
+        ).returncode
+        == 0
+    )
     db = f"sqlite:///{tmp_path / 'studies.db'}"
-    done = run_autotune("--scenario", "scenario.yaml", "--runner", "llamacpp", "--runner-config", "runner.yaml",
-                        "--space", "space.yaml", "--trials", "3", "--storage", db, "--study", "real",
-                        "--screen", "sim", "--screen-hardware", "cpu.yaml", "--screen-trials", "8", cwd=tmp_path,
-                        timeout=900)
+    done = run_autotune(
+        "--scenario",
+        "scenario.yaml",
+        "--runner",
+        "llamacpp",
+        "--runner-config",
+        "runner.yaml",
+        "--space",
+        "space.yaml",
+        "--trials",
+        "3",
+        "--storage",
+        db,
+        "--study",
+        "real",
+        "--screen",
+        "sim",
+        "--screen-hardware",
+        "cpu.yaml",
+        "--screen-trials",
+        "8",
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr
     real = optuna.load_study(study_name="real", storage=db)
     assert len(real.trials) == 3

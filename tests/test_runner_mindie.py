@@ -16,28 +16,42 @@ from pathlib import Path
 
 import pytest
 
+from objectives.userfile import InputError
 from runners.mindie import READY_LINE, MindIERunner, MindIESettings
 from runners.served import load_settings
 from search_spaces.knobs import render
 from tests.conftest import small_scenario
 from tests.runner_contract import RunnerContract
-from objectives.userfile import InputError
 
 INSTALLED = {  # the shape of MindIE 1.x's conf/config.json, trimmed
     "Version": "1.0.0",
-    "ServerConfig": {"ipAddress": "0.0.0.0", "port": 1025, "managementPort": 1026, "metricsPort": 1027,
-                     "httpsEnabled": True},
+    "ServerConfig": {
+        "ipAddress": "0.0.0.0",
+        "port": 1025,
+        "managementPort": 1026,
+        "metricsPort": 1027,
+        "httpsEnabled": True,
+    },
     "BackendConfig": {
         "npuDeviceIds": [[0]],
-        "ModelDeployConfig": {"maxSeqLen": 2560, "maxInputTokenLen": 2048,
-                              "ModelConfig": [{"modelName": "qwen", "modelWeightPath": "/data/qwen", "worldSize": 1}]},
-        "ScheduleConfig": {"maxBatchSize": 200, "maxPrefillBatchSize": 50, "maxPrefillTokens": 8192,
-                           "supportSelectBatch": False, "prefillTimeMsPerReq": 150, "decodeTimeMsPerReq": 50,
-                           "maxQueueDelayMicroseconds": 5000},
+        "ModelDeployConfig": {
+            "maxSeqLen": 2560,
+            "maxInputTokenLen": 2048,
+            "ModelConfig": [{"modelName": "qwen", "modelWeightPath": "/data/qwen", "worldSize": 1}],
+        },
+        "ScheduleConfig": {
+            "maxBatchSize": 200,
+            "maxPrefillBatchSize": 50,
+            "maxPrefillTokens": 8192,
+            "supportSelectBatch": False,
+            "prefillTimeMsPerReq": 150,
+            "decodeTimeMsPerReq": 50,
+            "maxQueueDelayMicroseconds": 5000,
+        },
     },
 }
 
-STAND_IN_DAEMON = r'''
+STAND_IN_DAEMON = r"""
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -70,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
 httpd = ThreadingHTTPServer((server_config["ipAddress"], server_config["port"]), Handler)
 print("Daemon start success!", flush=True)
 httpd.serve_forever()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +102,9 @@ def mindie_install(tmp_path_factory, tiny_model) -> Path:
 
 
 def _runner(install: Path, model: Path, tmp: Path, **extra) -> MindIERunner:
-    settings = MindIESettings(install_dir=install, model=model, log_dir=tmp / "logs", warmup_requests=1, **extra)
+    settings = MindIESettings(
+        install_dir=install, model=model, log_dir=tmp / "logs", warmup_requests=1, **extra
+    )
     return MindIERunner(settings, hardware="stand-in")
 
 
@@ -107,13 +123,24 @@ class TestMindIEStandInDaemon(RunnerContract):
     @pytest.fixture(scope="class")
     @classmethod
     def good_config(cls):
-        return {"batch_size": 16, "select_batch": "decode-first", "max_prefill_tokens": 4096,
-                "quantization": "bf16", "kv_compression": 1.0, "max_prefill_batch_size": 8}
+        return {
+            "batch_size": 16,
+            "select_batch": "decode-first",
+            "max_prefill_tokens": 4096,
+            "quantization": "bf16",
+            "kv_compression": 1.0,
+            "max_prefill_batch_size": 8,
+        }
 
     @pytest.fixture(scope="class")
     @classmethod
     def impossible_config(cls):
-        return {"batch_size": 16, "select_batch": "prefill-first", "max_prefill_tokens": 64, "quantization": "bf16"}
+        return {
+            "batch_size": 16,
+            "select_batch": "prefill-first",
+            "max_prefill_tokens": 64,
+            "quantization": "bf16",
+        }
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -121,24 +148,44 @@ class TestMindIEStandInDaemon(RunnerContract):
         return small_scenario(requests=40).workload
 
 
-def test_rendered_config_carries_the_knobs_and_leaves_the_installed_file_alone(mindie_install, tiny_model, tmp_path):
+def test_rendered_config_carries_the_knobs_and_leaves_the_installed_file_alone(
+    mindie_install, tiny_model, tmp_path
+):
     installed = mindie_install / "conf" / "config.json"
     before = _digest(installed)
     runner = _runner(mindie_install, tiny_model, tmp_path, weights={"w8a8": tmp_path / "qwen-w8a8"})
-    config = {"batch_size": 24, "select_batch": "decode-first", "max_prefill_tokens": 4096, "quantization": "w8a8",
-              "kv_compression": 1.0, "max_prefill_batch_size": 6, "prefill_time_ms_per_req": 120,
-              "decode_time_ms_per_req": 40}
+    config = {
+        "batch_size": 24,
+        "select_batch": "decode-first",
+        "max_prefill_tokens": 4096,
+        "quantization": "w8a8",
+        "kv_compression": 1.0,
+        "max_prefill_batch_size": 6,
+        "prefill_time_ms_per_req": 120,
+        "decode_time_ms_per_req": 40,
+    }
     rendered = runner.render_config(render("mindie", config), (9001, 9002, 9003), (768, 1024))
     schedule = rendered["BackendConfig"]["ScheduleConfig"]
-    assert schedule == {"maxBatchSize": 24, "maxPrefillBatchSize": 6, "maxPrefillTokens": 4096,
-                        "supportSelectBatch": True, "prefillTimeMsPerReq": 120, "decodeTimeMsPerReq": 40,
-                        "maxQueueDelayMicroseconds": 5000}
+    assert schedule == {
+        "maxBatchSize": 24,
+        "maxPrefillBatchSize": 6,
+        "maxPrefillTokens": 4096,
+        "supportSelectBatch": True,
+        "prefillTimeMsPerReq": 120,
+        "decodeTimeMsPerReq": 40,
+        "maxQueueDelayMicroseconds": 5000,
+    }
     model = rendered["BackendConfig"]["ModelDeployConfig"]
     assert model["ModelConfig"][0]["modelWeightPath"] == str(tmp_path / "qwen-w8a8")
     assert model["ModelConfig"][0]["worldSize"] == 1  # untouched fields of the installation survive
     assert model["maxSeqLen"] == 1024 and model["maxInputTokenLen"] == 768
-    assert rendered["ServerConfig"] | {} == {"ipAddress": "127.0.0.1", "port": 9001, "managementPort": 9002,
-                                              "metricsPort": 9003, "httpsEnabled": False}
+    assert rendered["ServerConfig"] | {} == {
+        "ipAddress": "127.0.0.1",
+        "port": 9001,
+        "managementPort": 9002,
+        "metricsPort": 9003,
+        "httpsEnabled": False,
+    }
     assert rendered["BackendConfig"]["npuDeviceIds"] == [[0]]
     assert _digest(installed) == before
 
@@ -151,7 +198,12 @@ def test_a_field_outside_mindies_range_is_refused(mindie_install, tiny_model, tm
 
 def test_stand_in_daemon_got_the_rendered_schedule(mindie_install, tiny_model, tmp_path):
     runner = _runner(mindie_install, tiny_model, tmp_path)
-    config = {"batch_size": 12, "select_batch": "prefill-first", "max_prefill_tokens": 2048, "quantization": "bf16"}
+    config = {
+        "batch_size": 12,
+        "select_batch": "prefill-first",
+        "max_prefill_tokens": 2048,
+        "quantization": "bf16",
+    }
     m = runner.run(config, small_scenario(requests=10).workload)
     assert m.fault is None, m.fault
     log = Path(m.extra["engine_log"]).read_text()
@@ -172,7 +224,9 @@ def test_precisions_without_weights_leave_the_space(mindie_install, tiny_model, 
 def test_runner_config_file_is_validated(tmp_path):
     path = tmp_path / "runner.yaml"
     path.write_text("install_dir: /opt/mindie\nready_timeout_s: -1\n")
-    with pytest.raises(InputError, match=r"runner.yaml: ready_timeout_s: Input should be greater than 0"):
+    with pytest.raises(
+        InputError, match=r"runner.yaml: ready_timeout_s: Input should be greater than 0"
+    ):
         load_settings(MindIESettings, path)
     path.write_text("instal_dir: /opt/mindie\n")
     with pytest.raises(InputError, match=r"instal_dir: Extra inputs are not permitted"):

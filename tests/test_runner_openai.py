@@ -17,12 +17,28 @@ from tests.test_runner_llamacpp import make_runner
 
 @pytest.fixture(scope="module")
 def bf16_gguf(llama_server, tiny_model, tmp_path_factory, gguf_cache):
-    return make_runner(llama_server, tiny_model, tmp_path_factory.mktemp("convert"), gguf_cache).gguf("bf16")
+    return make_runner(
+        llama_server, tiny_model, tmp_path_factory.mktemp("convert"), gguf_cache
+    ).gguf("bf16")
 
 
 def template(server, gguf) -> list[str]:
-    return [str(server), "-m", str(gguf), "--host", "{host}", "--port", "{port}", "-np", "{batch_size}",
-            "-c", "4096", "-t", "1", "{select_batch}"]
+    return [
+        str(server),
+        "-m",
+        str(gguf),
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "-np",
+        "{batch_size}",
+        "-c",
+        "4096",
+        "-t",
+        "1",
+        "{select_batch}",
+    ]
 
 
 class TestOpenAITemplate(RunnerContract):
@@ -30,10 +46,14 @@ class TestOpenAITemplate(RunnerContract):
     @classmethod
     def runner(cls, llama_server, bf16_gguf, tiny_model, tmp_path_factory):
         settings = OpenAISettings(
-            engine_cmd=template(llama_server, bf16_gguf), tokenizer=tiny_model, ready_path="/health",
-            log_dir=tmp_path_factory.mktemp("openai") / "logs", warmup_requests=1,
+            engine_cmd=template(llama_server, bf16_gguf),
+            tokenizer=tiny_model,
+            ready_path="/health",
+            log_dir=tmp_path_factory.mktemp("openai") / "logs",
+            warmup_requests=1,
             # decode-first becomes a flag llama-server does not know: the impossible config below.
-            knob_values={"select_batch": {"prefill-first": "", "decode-first": "--no-such-flag"}})
+            knob_values={"select_batch": {"prefill-first": "", "decode-first": "--no-such-flag"}},
+        )
         return OpenAIRunner(settings, hardware="cpu")
 
     @pytest.fixture(scope="class")
@@ -61,12 +81,32 @@ class TestOpenAITemplate(RunnerContract):
 
 def test_already_running_server_is_measured_as_it_is(llama_server, bf16_gguf, tiny_model, tmp_path):
     port = choose_port(None)
-    argv = [str(llama_server), "-m", str(bf16_gguf), "--host", "127.0.0.1", "--port", str(port), "-np", "2",
-            "-t", "1", "--alias", "already-up"]
+    argv = [
+        str(llama_server),
+        "-m",
+        str(bf16_gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        "2",
+        "-t",
+        "1",
+        "--alias",
+        "already-up",
+    ]
     with EngineProcess(argv, os.environ, tmp_path / "server.log") as server:
         server.wait_ready(http_ready(f"http://127.0.0.1:{port}/health"), timeout_s=30)
-        runner = OpenAIRunner(OpenAISettings(base_url=f"http://127.0.0.1:{port}/", tokenizer=tiny_model,
-                                             log_dir=tmp_path / "logs", warmup_requests=0), hardware="cpu")
+        runner = OpenAIRunner(
+            OpenAISettings(
+                base_url=f"http://127.0.0.1:{port}/",
+                tokenizer=tiny_model,
+                log_dir=tmp_path / "logs",
+                warmup_requests=0,
+            ),
+            hardware="cpu",
+        )
         space = runner.adapt(SearchSpace.load("vllm"))
         assert space.ranges == {} and len(space.notes) == 5
         workload = engine_scenario(requests=8).workload

@@ -21,9 +21,15 @@ from tests.test_engine_rules import VLLM_REFUSES
 
 
 def vllm_settings(python: Path, model: Path, logs: Path) -> dict:
-    return {"engine_cmd": [str(python)], "model": str(model), "log_dir": str(logs), "warmup_requests": 1,
-            "extra_args": ["--enforce-eager"], "ready_timeout_s": 400,
-            "env": {"VLLM_CACHE_ROOT": str(logs / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}}
+    return {
+        "engine_cmd": [str(python)],
+        "model": str(model),
+        "log_dir": str(logs),
+        "warmup_requests": 1,
+        "extra_args": ["--enforce-eager"],
+        "ready_timeout_s": 400,
+        "env": {"VLLM_CACHE_ROOT": str(logs / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"},
+    }
 
 
 def non_default_args(log: str) -> dict:
@@ -38,20 +44,32 @@ class TestVLLM(RunnerContract):
     @classmethod
     def runner(cls, vllm_python, tiny_model, tmp_path_factory):
         logs = tmp_path_factory.mktemp("vllm-logs")
-        settings = VLLMRunner.settings_model.model_validate(vllm_settings(vllm_python, tiny_model, logs))
+        settings = VLLMRunner.settings_model.model_validate(
+            vllm_settings(vllm_python, tiny_model, logs)
+        )
         return VLLMRunner(settings, hardware="cpu")
 
     @pytest.fixture(scope="class")
     @classmethod
     def good_config(cls):
-        return {"batch_size": 8, "select_batch": "decode-first", "max_prefill_tokens": 512, "quantization": "bf16",
-                "kv_compression": 1.0}
+        return {
+            "batch_size": 8,
+            "select_batch": "decode-first",
+            "max_prefill_tokens": 512,
+            "quantization": "bf16",
+            "kv_compression": 1.0,
+        }
 
     @pytest.fixture(scope="class")
     @classmethod
     def impossible_config(cls):
         # Without chunked prefill vLLM refuses a step budget below max-model-len.
-        return {"batch_size": 8, "select_batch": "prefill-first", "max_prefill_tokens": 64, "quantization": "bf16"}
+        return {
+            "batch_size": 8,
+            "select_batch": "prefill-first",
+            "max_prefill_tokens": 64,
+            "quantization": "bf16",
+        }
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -71,14 +89,40 @@ def vllm_study(vllm_python, tiny_model, tmp_path_factory) -> Path:
     tmp_path = tmp_path_factory.mktemp("vllm-study")
     scenario = engine_scenario()
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
-    (tmp_path / "runner.yaml").write_text(yaml.safe_dump(vllm_settings(vllm_python, tiny_model, tmp_path / "logs")))
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"knobs": {
-        "batch_size": {"choices": [2, 16]}, "select_batch": {"choices": ["prefill-first", "decode-first"]},
-        "max_prefill_tokens": {"value": 256}, "kv_compression": {"choices": [1.0, 0.5]}}}))
+    (tmp_path / "runner.yaml").write_text(
+        yaml.safe_dump(vllm_settings(vllm_python, tiny_model, tmp_path / "logs"))
+    )
+    (tmp_path / "space.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "knobs": {
+                    "batch_size": {"choices": [2, 16]},
+                    "select_batch": {"choices": ["prefill-first", "decode-first"]},
+                    "max_prefill_tokens": {"value": 256},
+                    "kv_compression": {"choices": [1.0, 0.5]},
+                }
+            }
+        )
+    )
     db = tmp_path / "studies.db"
-    done = run_autotune("--scenario", "scenario.yaml", "--runner", "vllm", "--runner-config", "runner.yaml",
-                        "--space", "space.yaml", "--trials", "4", "--storage", f"sqlite:///{db}", "--seed", "3",
-                        cwd=tmp_path, timeout=1500)
+    done = run_autotune(
+        "--scenario",
+        "scenario.yaml",
+        "--runner",
+        "vllm",
+        "--runner-config",
+        "runner.yaml",
+        "--space",
+        "space.yaml",
+        "--trials",
+        "4",
+        "--storage",
+        f"sqlite:///{db}",
+        "--seed",
+        "3",
+        cwd=tmp_path,
+        timeout=1500,
+    )
     assert done.returncode in (0, 3), done.stderr
     return tmp_path
 
@@ -96,7 +140,9 @@ def test_four_trial_study_on_real_vllm(vllm_study: Path):
         args = non_default_args(Path(attrs["runner_engine_log"]).read_text())
         assert args["max_num_seqs"] == trial.params["batch_size"]
         assert args["enable_chunked_prefill"] == (trial.params["select_batch"] == "decode-first")
-        assert args.get("kv_cache_dtype", "auto") == ("fp8" if trial.params["kv_compression"] == 0.5 else "auto")
+        assert args.get("kv_cache_dtype", "auto") == (
+            "fp8" if trial.params["kv_compression"] == 0.5 else "auto"
+        )
         # The recorded numbers are the requests sent: all of them, within the time they took.
         assert attrs["requests_ok"] == attrs["ttft_samples"] == scenario.workload.num_requests
         assert_throughput_within_the_load(attrs, planned)
@@ -115,22 +161,52 @@ def test_calibrate_on_real_vllm_trials(vllm_study: Path, tiny_model: Path):
     the data: on 2 shared cores the same rate's TPOT p50 measured 0.16-0.3 ms for trials 1 and 3
     and 2.6 ms for 0 and 2, and of four fits here the held-out TPOT median went 88% -> 55%,
     93% -> 95%, 93% -> 88% and 135% -> 289%."""
-    assert run_autotune("profile-hardware", "--model", str(tiny_model), "-o", "cpu.yaml", cwd=vllm_study,
-                        timeout=240).returncode == 0
-    done = run_autotune("calibrate", "--storage", "sqlite:///studies.db", "--hardware", "cpu.yaml",
-                        "--iterations", "30", "-o", "calibrated.yaml", cwd=vllm_study, timeout=900)
+    assert (
+        run_autotune(
+            "profile-hardware",
+            "--model",
+            str(tiny_model),
+            "-o",
+            "cpu.yaml",
+            cwd=vllm_study,
+            timeout=240,
+        ).returncode
+        == 0
+    )
+    done = run_autotune(
+        "calibrate",
+        "--storage",
+        "sqlite:///studies.db",
+        "--hardware",
+        "cpu.yaml",
+        "--iterations",
+        "30",
+        "-o",
+        "calibrated.yaml",
+        cwd=vllm_study,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr
     summary = calibrate_summary(done.stdout)
-    assert set(summary) == {"ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s"}, done.stdout
+    assert set(summary) == {"ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s"}, (
+        done.stdout
+    )
     for metric in ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s"):
         before, after, held_before, held_after = summary[metric]
         assert after <= before, (metric, done.stdout)
         assert math.isfinite(held_before) and math.isfinite(held_after), (metric, done.stdout)
-    assert re.search(r"held out: \d+ loads of trials 1, 3, scored by a fit on the other \d+ loads", done.stdout)
+    assert re.search(
+        r"held out: \d+ loads of trials 1, 3, scored by a fit on the other \d+ loads", done.stdout
+    )
     calibrated = load_hardware(str(vllm_study / "calibrated.yaml"))
-    assert calibrated.decode_step_overhead_ms.source == "calibrated" or "no fit beat the start" in done.stdout
+    assert (
+        calibrated.decode_step_overhead_ms.source == "calibrated"
+        or "no fit beat the start" in done.stdout
+    )
     assert "calibrated" in calibrated.description
-    assert calibrated.bandwidth_tbs == load_hardware(str(vllm_study / "cpu.yaml")).bandwidth_tbs  # a device figure
+    assert (
+        calibrated.bandwidth_tbs == load_hardware(str(vllm_study / "cpu.yaml")).bandwidth_tbs
+    )  # a device figure
 
 
 class _UncheckedVLLM(VLLMRunner):
@@ -141,11 +217,15 @@ class _UncheckedVLLM(VLLMRunner):
 
 
 @pytest.mark.parametrize("case", sorted(VLLM_REFUSES))
-def test_vllm_itself_refuses_what_the_shared_rule_refuses(case: str, vllm_python, tiny_model, tmp_path):
+def test_vllm_itself_refuses_what_the_shared_rule_refuses(
+    case: str, vllm_python, tiny_model, tmp_path
+):
     """The rule search_spaces.engines applies to the vllm runner and the simulator alike, checked
     against the real vLLM: started anyway, it exits with its own reason."""
     knobs, _ = VLLM_REFUSES[case]
-    settings = VLLMRunner.settings_model.model_validate(vllm_settings(vllm_python, tiny_model, tmp_path / "logs"))
+    settings = VLLMRunner.settings_model.model_validate(
+        vllm_settings(vllm_python, tiny_model, tmp_path / "logs")
+    )
     workload = engine_scenario(requests=2).workload
     assert VLLMRunner(settings, hardware="cpu").violations(knobs, workload)
     m = _UncheckedVLLM(settings, hardware="cpu").run(knobs | {"quantization": "bf16"}, workload)
@@ -160,7 +240,12 @@ def test_online_quantization_loads_the_bf16_model_with_the_method(tiny_model, tm
     from search_spaces.space import SearchSpace
 
     settings = VLLMRunner.settings_model.model_validate(
-        {"engine_cmd": ["python3"], "model": str(tiny_model), "online_quantization": {"w8a8": "fp8"}})
+        {
+            "engine_cmd": ["python3"],
+            "model": str(tiny_model),
+            "online_quantization": {"w8a8": "fp8"},
+        }
+    )
     runner = VLLMRunner(settings, hardware="cpu")
     space = runner.adapt(SearchSpace.load("vllm", None))
     choices = space.ranges["quantization"].choices
@@ -169,4 +254,7 @@ def test_online_quantization_loads_the_bf16_model_with_the_method(tiny_model, tm
     argv = runner.launch({"quantization": "w8a8"}, 8000, tmp_path, workload).argv
     assert argv[argv.index("--model") + 1] == str(tiny_model)
     assert argv[argv.index("--quantization") + 1] == "fp8"
-    assert "--quantization" not in runner.launch({"quantization": "bf16"}, 8000, tmp_path, workload).argv
+    assert (
+        "--quantization"
+        not in runner.launch({"quantization": "bf16"}, 8000, tmp_path, workload).argv
+    )

@@ -27,7 +27,9 @@ def _run(storage_url: str, sampler: str, name: str, trials: int = 6):
     runner = SimRunner()
     space = SearchSpace.load("mindie").fit_workload(scenario.workload)
     storage = open_storage(storage_url)
-    study = create_study(storage, name, make_sampler(sampler, 0, space, trials), scenario, runner.identity())
+    study = create_study(
+        storage, name, make_sampler(sampler, 0, space, trials), scenario, runner.identity()
+    )
     run = StudyRun(study, scenario, space, runner, storage)
     optimize(run, trials, None)
     snapshot(study, scenario, storage)
@@ -50,7 +52,9 @@ def test_every_sampler_runs(sampler: str, tmp_path: Path):
         measured = report.status in ("feasible", "violates-sla")
         assert (trial.state == optuna.trial.TrialState.COMPLETE) == measured
         if measured:
-            assert trial.values == list(report.values) and is_feasible(trial.constraints) == (report.status == "feasible")
+            assert trial.values == list(report.values) and is_feasible(trial.constraints) == (
+                report.status == "feasible"
+            )
     assert any(r.status in ("feasible", "violates-sla") for r in run.reports)
 
 
@@ -67,34 +71,60 @@ def test_postgres_storage_keeps_trials_and_front():
         again = optuna.load_study(study_name=name, storage=POSTGRES)
         assert len(again.trials) == 5
         snap = latest_snapshot(storage, name)
-        feasible = [t for t in again.get_trials(states=(optuna.trial.TrialState.COMPLETE,)) if is_feasible(t.constraints)]
+        feasible = [
+            t
+            for t in again.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+            if is_feasible(t.constraints)
+        ]
         assert snap.trials_total == 5 and snap.trials_feasible == len(feasible)
         assert {m.trial_number for m in snap.members} <= {t.number for t in feasible}
     finally:
         optuna.delete_study(study_name=name, storage=POSTGRES)
         with create_engine(POSTGRES).begin() as con:
-            con.execute(text("delete from autotune_pareto_members where snapshot_id in "
-                             "(select id from autotune_pareto_snapshots where study_name = :n)"), {"n": name})
-            con.execute(text("delete from autotune_pareto_snapshots where study_name = :n"), {"n": name})
+            con.execute(
+                text(
+                    "delete from autotune_pareto_members where snapshot_id in "
+                    "(select id from autotune_pareto_snapshots where study_name = :n)"
+                ),
+                {"n": name},
+            )
+            con.execute(
+                text("delete from autotune_pareto_snapshots where study_name = :n"), {"n": name}
+            )
 
 
 def test_auto_is_gp_for_real_engines_where_torch_and_scipy_are_installed(monkeypatch):
     require_module("torch", "GPSampler needs the gp extra")
     space = SearchSpace.load("mindie")
-    assert isinstance(make_sampler("auto", 0, space, 50, simulated=False), optuna.samplers.GPSampler)
-    assert describe("auto", simulated=False).startswith("gp (auto: a real engine's trials are costly")
+    assert isinstance(
+        make_sampler("auto", 0, space, 50, simulated=False), optuna.samplers.GPSampler
+    )
+    assert describe("auto", simulated=False).startswith(
+        "gp (auto: a real engine's trials are costly"
+    )
     # A simulated trial is cheaper than a GP proposal: TPE, whatever is installed.
-    assert isinstance(make_sampler("auto", 0, space, 50, simulated=True), optuna.samplers.TPESampler)
+    assert isinstance(
+        make_sampler("auto", 0, space, 50, simulated=True), optuna.samplers.TPESampler
+    )
     assert describe("auto", simulated=True).startswith("tpe (auto: simulated trials are cheap")
-    monkeypatch.setitem(sys.modules, "torch", None)  # what find_spec meets where torch is not installed
-    assert isinstance(make_sampler("auto", 0, space, 50, simulated=False), optuna.samplers.TPESampler)
+    monkeypatch.setitem(
+        sys.modules, "torch", None
+    )  # what find_spec meets where torch is not installed
+    assert isinstance(
+        make_sampler("auto", 0, space, 50, simulated=False), optuna.samplers.TPESampler
+    )
     assert describe("auto", simulated=False) == (
-        "tpe (auto: no torch; pip install 'autotune[gp]' for gp, which needs fewer real trials)")
-    with pytest.raises(InputError, match="--sampler gp needs PyTorch and SciPy \\(torch is missing\\)"):
+        "tpe (auto: no torch; pip install 'autotune[gp]' for gp, which needs fewer real trials)"
+    )
+    with pytest.raises(
+        InputError, match="--sampler gp needs PyTorch and SciPy \\(torch is missing\\)"
+    ):
         make_sampler("gp", 0, space, 50)
 
 
 def test_the_console_says_which_sampler_runs(scenario_file: Path, tmp_path: Path):
-    done = run_autotune("--scenario", str(scenario_file), "--trials", "1", "--no-html", cwd=tmp_path)
+    done = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "1", "--no-html", cwd=tmp_path
+    )
     assert done.returncode in (0, 3), done.stderr  # 3: one random trial may miss the SLA
     assert "sampler tpe (auto: simulated trials are cheap" in done.stderr

@@ -5,15 +5,21 @@ from pathlib import Path
 import optuna
 import pytest
 
+from objectives.userfile import InputError
 from search_spaces.knobs import KNOBS, render
 from search_spaces.space import SearchSpace
 from tests.conftest import small_scenario
-from objectives.userfile import InputError
 
 
 def test_presets_load_and_vllm_drops_mindie_only_knobs(tmp_path: Path):
     mindie = SearchSpace.load("mindie")
-    assert set(mindie.ranges) >= {"batch_size", "select_batch", "max_prefill_tokens", "quantization", "kv_compression"}
+    assert set(mindie.ranges) >= {
+        "batch_size",
+        "select_batch",
+        "max_prefill_tokens",
+        "quantization",
+        "kv_compression",
+    }
     space_file = tmp_path / "s.yaml"
     space_file.write_text("knobs:\n  max_prefill_batch_size: {low: 1, high: 8}\n")
     vllm = SearchSpace.load("vllm", space_file)
@@ -23,9 +29,13 @@ def test_presets_load_and_vllm_drops_mindie_only_knobs(tmp_path: Path):
 
 def test_user_file_narrows_and_fixes(tmp_path: Path):
     space_file = tmp_path / "s.yaml"
-    space_file.write_text("knobs:\n  batch_size: {low: 8, high: 16}\n  quantization: {value: w8a8}\n")
+    space_file.write_text(
+        "knobs:\n  batch_size: {low: 8, high: 16}\n  quantization: {value: w8a8}\n"
+    )
     space = SearchSpace.load("mindie", space_file)
-    study = optuna.create_study(directions=["minimize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
+    study = optuna.create_study(
+        directions=["minimize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1)
+    )
     for _ in range(20):
         config = space.suggest(study.ask())
         assert 8 <= config["batch_size"] <= 16 and config["quantization"] == "w8a8"
@@ -47,11 +57,21 @@ def test_grid_is_finite_and_inside_ranges():
 
 
 def test_rendering_to_engines():
-    config = {"batch_size": 16, "select_batch": "decode-first", "max_prefill_tokens": 4096,
-              "quantization": "w8a8", "kv_compression": 0.5, "max_prefill_batch_size": 4}
+    config = {
+        "batch_size": 16,
+        "select_batch": "decode-first",
+        "max_prefill_tokens": 4096,
+        "quantization": "w8a8",
+        "kv_compression": 0.5,
+        "max_prefill_batch_size": 4,
+    }
     mindie = render("mindie", config)
-    assert mindie["config"]["ScheduleConfig"] == {"maxBatchSize": 16, "supportSelectBatch": True,
-                                                  "maxPrefillTokens": 4096, "maxPrefillBatchSize": 4}
+    assert mindie["config"]["ScheduleConfig"] == {
+        "maxBatchSize": 16,
+        "supportSelectBatch": True,
+        "maxPrefillTokens": 4096,
+        "maxPrefillBatchSize": 4,
+    }
     assert mindie["weights"] == "w8a8"
     assert mindie["env"] == {"ATB_LLM_RAZOR_ATTENTION_ENABLE": "1"} and "kv_ratio" not in mindie
     assert "env" not in render("mindie", config | {"kv_compression": 1.0})
@@ -77,13 +97,19 @@ def test_prefill_batch_runs_within_the_batch_size_in_a_static_space():
     """Sampled in its full range (a static space multivariate TPE can model), run as at most
     the batch size (MindIE's maxPrefillBatchSize <= maxBatchSize)."""
     space = SearchSpace.load("mindie")
-    study = optuna.create_study(directions=["minimize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
+    study = optuna.create_study(
+        directions=["minimize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1)
+    )
     clamped, proposals = 0, []
     for _ in range(40):
         trial = study.ask()
         config = space.suggest(trial)
-        assert trial.distributions["max_prefill_batch_size"].high == 64  # never narrowed by the batch size
-        assert config["max_prefill_batch_size"] == min(trial.params["max_prefill_batch_size"], config["batch_size"])
+        assert (
+            trial.distributions["max_prefill_batch_size"].high == 64
+        )  # never narrowed by the batch size
+        assert config["max_prefill_batch_size"] == min(
+            trial.params["max_prefill_batch_size"], config["batch_size"]
+        )
         clamped += trial.params["max_prefill_batch_size"] > config["batch_size"]
         proposals.append((trial.params["batch_size"], trial.params["max_prefill_batch_size"]))
         assert not space.violations(config, small_scenario().workload)

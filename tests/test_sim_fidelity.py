@@ -16,7 +16,15 @@ from objectives.scenario import Scenario
 from objectives.userfile import InputError
 from runners.capacity import evaluate
 from runners.measurement import Measurement
-from runners.sim.calibration import FREE, Observation, error_summary, error_table, fit, loss, with_figures
+from runners.sim.calibration import (
+    FREE,
+    Observation,
+    error_summary,
+    error_table,
+    fit,
+    loss,
+    with_figures,
+)
 from runners.sim.profiles import load_hardware, load_model
 from runners.sim.profiling import fit_matmul_peaks, fit_roofline, import_torch
 from runners.sim.runner import SimRunner
@@ -27,7 +35,10 @@ ENGINE_FIGURES = ("memory_fraction", "runtime_reserve_gb", "prefill_step_overhea
 
 def test_roofline_fit_recovers_a_known_peak_and_half_point():
     params, bandwidth, peak, half = 10_000_000, 50e9, 2e12, 96.0
-    rows = [(n, max(2 * params * n * (n + half) / (n * peak), params * 2 / bandwidth)) for n in (1, 4, 16, 64, 256, 1024, 4096)]
+    rows = [
+        (n, max(2 * params * n * (n + half) / (n * peak), params * 2 / bandwidth))
+        for n in (1, 4, 16, 64, 256, 1024, 4096)
+    ]
     fitted_peak, fitted_half = fit_roofline(rows, params, 2.0, bandwidth)
     assert fitted_peak == pytest.approx(peak, rel=0.05)
     assert fitted_half == pytest.approx(half, rel=0.15)
@@ -51,8 +62,17 @@ def test_profile_hardware_measures_this_cpu(tiny_model: Path, tmp_path: Path):
     memory bandwidth (torch's device copy) is within 4x of a numpy copy of the same size the
     test times itself (the two may use different thread counts: at most the 2 cores here);
     a unit slip (bytes for GB, per ms for per s) would be 1000x off."""
-    done = run_autotune("profile-hardware", "--device", "cpu", "--model", str(tiny_model), "-o", "cpu.yaml",
-                        cwd=tmp_path, timeout=240)
+    done = run_autotune(
+        "profile-hardware",
+        "--device",
+        "cpu",
+        "--model",
+        str(tiny_model),
+        "-o",
+        "cpu.yaml",
+        cwd=tmp_path,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     assert "matmuls" in done.stdout  # progress is printed
     profile = load_hardware(str(tmp_path / "cpu.yaml"))
@@ -62,7 +82,10 @@ def test_profile_hardware_measures_this_cpu(tiny_model: Path, tmp_path: Path):
             assert figure.source == ("assumed" if key in ENGINE_FIGURES else "measured"), key
     numpy_bandwidth = _numpy_copy_bytes_per_s()
     profiled = profile.bandwidth_tbs.value * 1e12
-    assert numpy_bandwidth / 4 <= profiled <= numpy_bandwidth * 4, (profiled / 1e9, numpy_bandwidth / 1e9)
+    assert numpy_bandwidth / 4 <= profiled <= numpy_bandwidth * 4, (
+        profiled / 1e9,
+        numpy_bandwidth / 1e9,
+    )
     assert 0 < profile.mbu.value <= 1.0 and profile.mfu.value == 1.0
     # int8 went through the same fit as bf16 (where this CPU has an int8 kernel)
     assert profile.int8_tops.source == "assumed" or "as bf16_tflops" in profile.int8_tops.note
@@ -76,10 +99,18 @@ def test_int8_and_bf16_peaks_are_fitted_the_same_way():
     params, bandwidth, peak, half, launch = 200_000, 20e9, 1e12, 256.0, 200e-6
 
     def seconds(rows: int, peak_flops: float, bytes_per_param: float) -> float:
-        return max(2 * params * rows * (rows + half) / (rows * peak_flops), params * bytes_per_param / bandwidth) + launch
+        return (
+            max(
+                2 * params * rows * (rows + half) / (rows * peak_flops),
+                params * bytes_per_param / bandwidth,
+            )
+            + launch
+        )
 
     bf16 = [(n, seconds(n, peak, 2.0)) for n in (1, 4, 16, 64, 256, 1024, 4096)]
-    int8 = [(max(n, 32), seconds(max(n, 32), 2 * peak, 1.0)) for n in (1, 4, 16, 64, 256, 1024, 4096)]
+    int8 = [
+        (max(n, 32), seconds(max(n, 32), 2 * peak, 1.0)) for n in (1, 4, 16, 64, 256, 1024, 4096)
+    ]
     bf16_peak, bf16_half, int8_peak = fit_matmul_peaks(bf16, int8, launch, params, bandwidth)
     assert bf16_peak == pytest.approx(peak, rel=0.05) and bf16_half == pytest.approx(half, rel=0.15)
     assert int8_peak / bf16_peak == pytest.approx(2.0, rel=0.05)
@@ -88,30 +119,48 @@ def test_int8_and_bf16_peaks_are_fitted_the_same_way():
 
 
 def test_profile_hardware_without_torch_says_what_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets where it is not installed
+    monkeypatch.setitem(
+        sys.modules, "torch", None
+    )  # what `import torch` meets where it is not installed
     with pytest.raises(InputError, match=r"needs PyTorch: pip install 'autotune\[profile\]'"):
         import_torch("cpu")
 
 
 def _scenario(requests: int = 60) -> Scenario:
-    return Scenario.model_validate({
-        "name": "calib", "sla": {"ttft_p99_ms": 2000},
-        "workload": {"num_requests": requests, "seed": 1, "arrival": {"kind": "poisson", "rate": 4.0},
-                     "input_tokens": {"kind": "uniform", "low": 200, "high": 800},
-                     "output_tokens": {"kind": "uniform", "low": 32, "high": 128}},
-        "load": {"mode": "capacity", "max_rate": 64}})
+    return Scenario.model_validate(
+        {
+            "name": "calib",
+            "sla": {"ttft_p99_ms": 2000},
+            "workload": {
+                "num_requests": requests,
+                "seed": 1,
+                "arrival": {"kind": "poisson", "rate": 4.0},
+                "input_tokens": {"kind": "uniform", "low": 200, "high": 800},
+                "output_tokens": {"kind": "uniform", "low": 32, "high": 128},
+            },
+            "load": {"mode": "capacity", "max_rate": 64},
+        }
+    )
 
 
 def _simulated_observations(truth, scenario: Scenario) -> list[Observation]:
     """Every whole step of capacity searches of four vLLM configs, simulated with `truth`."""
     observations = []
     for number, batch in enumerate((4, 16, 64, 32)):
-        config = {"batch_size": batch, "select_batch": "decode-first", "max_prefill_tokens": 2048,
-                  "quantization": "bf16", "kv_compression": 1.0}
+        config = {
+            "batch_size": batch,
+            "select_batch": "decode-first",
+            "max_prefill_tokens": 2048,
+            "quantization": "bf16",
+            "kv_compression": 1.0,
+        }
         evaluation = evaluate(SimRunner("vllm", "qwen2-7b", truth), config, scenario)
         for step in evaluation.metrics["capacity_steps"]:
             if "fault" not in step:
-                measured = {k: step[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s")}
+                measured = {
+                    k: step[k]
+                    for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s")
+                }
                 observations.append(Observation(number, config, step["rate"], measured))
     return observations
 
@@ -120,8 +169,17 @@ def test_calibration_fits_the_overheads_that_made_the_measurements():
     """Measurements made by the simulator with known figures, then a fit from the preset's:
     the loads it was fitted to and a config it never saw are both predicted far better."""
     base = load_hardware("h100")
-    truth = with_figures(base, {"decode_step_overhead_ms": 12.0, "prefill_step_overhead_ms": 40.0,
-                                "per_sequence_overhead_ms": 0.3, "mfu": 0.35, "mbu": 0.5}, "truth")
+    truth = with_figures(
+        base,
+        {
+            "decode_step_overhead_ms": 12.0,
+            "prefill_step_overhead_ms": 40.0,
+            "per_sequence_overhead_ms": 0.3,
+            "mfu": 0.35,
+            "mbu": 0.5,
+        },
+        "truth",
+    )
     model = load_model("qwen2-7b")
     scenario = _scenario()
     observations = _simulated_observations(truth, scenario)
@@ -130,10 +188,14 @@ def test_calibration_fits_the_overheads_that_made_the_measurements():
     assert len(train) >= 6 and held_out
 
     make_runner = lambda profile: SimRunner("vllm", model, profile)  # noqa: E731
-    calibrated, before, after, kept_start = fit(train, scenario, base, make_runner, iterations=150, note="test", seed=0)
+    calibrated, before, after, kept_start = fit(
+        train, scenario, base, make_runner, iterations=150, note="test", seed=0
+    )
     assert after < before / 4 and not kept_start
     assert set(FREE) <= {key for key, figure in calibrated if getattr(figure, "note", "") == "test"}
-    assert {getattr(calibrated, key).source for key in FREE} == {"calibrated"}  # fitted, not measured
+    assert {getattr(calibrated, key).source for key in FREE} == {
+        "calibrated"
+    }  # fitted, not measured
     raw = error_summary(error_table(held_out, scenario, make_runner(base)))
     cal = error_summary(error_table(held_out, scenario, make_runner(calibrated)))
     for metric, (median, _, _) in cal.items():
@@ -145,6 +207,7 @@ def test_calibration_fits_the_overheads_that_made_the_measurements():
 def test_calibration_loss_has_no_flat_region():
     """A profile 5x off and one 50x off are both far off, but the fit must still tell which is
     nearer (an error cap made them equal, and the fit wandered between them)."""
+
     def rows(ratio: float) -> list[dict]:
         return [{"metric": "tpot_p50_ms", "simulated": 10.0 * ratio, "measured": 10.0}]
 
@@ -158,7 +221,9 @@ class _FakeEngineRunner:
     request_latency_ms + decode_step_overhead_ms and its TPOT decode_step_overhead_ms."""
 
     def __init__(self, profile):
-        self.ttft_s = (profile.request_latency_ms.value + profile.decode_step_overhead_ms.value) / 1000
+        self.ttft_s = (
+            profile.request_latency_ms.value + profile.decode_step_overhead_ms.value
+        ) / 1000
         self.tpot_s = profile.decode_step_overhead_ms.value / 1000
 
     @contextmanager
@@ -169,36 +234,61 @@ class _FakeEngineRunner:
         n, out = 5, 11
         send = np.arange(n, dtype=float)
         first = send + self.ttft_s
-        return Measurement(send, first, first + (out - 1) * self.tpot_s, np.full(n, 10), np.full(n, out),
-                           np.ones(n, dtype=bool))
+        return Measurement(
+            send,
+            first,
+            first + (out - 1) * self.tpot_s,
+            np.full(n, 10),
+            np.full(n, out),
+            np.ones(n, dtype=bool),
+        )
 
 
 def test_calibration_never_makes_a_fitted_metric_worse_than_its_start():
     """Measured TTFT 10 ms and TPOT 40 ms, which the stand-in cannot produce together (its TTFT
     is at least its TPOT). The start has TTFT right and TPOT 8x off; the lowest loss trades TTFT
     away for TPOT (TTFT about 2x off). The fit keeps the start instead, and says so."""
-    start = with_figures(load_hardware("h100"), {"request_latency_ms": 5.0, "decode_step_overhead_ms": 5.0}, "start",
-                         source="assumed")
+    start = with_figures(
+        load_hardware("h100"),
+        {"request_latency_ms": 5.0, "decode_step_overhead_ms": 5.0},
+        "start",
+        source="assumed",
+    )
     observation = Observation(0, {}, 1.0, {"ttft_p50_ms": 10.0, "tpot_p50_ms": 40.0})
-    result = fit([observation], _scenario(), start, _FakeEngineRunner, iterations=40, note="fit", seed=0)
+    result = fit(
+        [observation], _scenario(), start, _FakeEngineRunner, iterations=40, note="fit", seed=0
+    )
     assert result.kept_start and result.profile == start
     assert result.loss_after == result.loss_before
     # Unconstrained, a lower loss was there to take: TTFT 20 ms, TPOT 20 ms.
-    traded = with_figures(start, {"request_latency_ms": 0.01, "decode_step_overhead_ms": 20.0}, "traded")
-    assert loss(error_table([observation], _scenario(), _FakeEngineRunner(traded))) < result.loss_before
+    traded = with_figures(
+        start, {"request_latency_ms": 0.01, "decode_step_overhead_ms": 20.0}, "traded"
+    )
+    assert (
+        loss(error_table([observation], _scenario(), _FakeEngineRunner(traded)))
+        < result.loss_before
+    )
 
 
 def _store_trials(db: Path, observations: list[Observation], scenario: Scenario) -> str:
     """A study as a real-engine run leaves it: each trial's capacity steps (no engine needed)."""
     storage = f"sqlite:///{db}"
-    study = optuna.create_study(storage=storage, study_name="real", directions=["minimize", "maximize"])
-    study.set_user_attr("identity", {"runner": "vllm", "engine": "vllm", "model": "qwen2-7b", "hardware": "h100"})
+    study = optuna.create_study(
+        storage=storage, study_name="real", directions=["minimize", "maximize"]
+    )
+    study.set_user_attr(
+        "identity", {"runner": "vllm", "engine": "vllm", "model": "qwen2-7b", "hardware": "h100"}
+    )
     study.set_user_attr("scenario", scenario.model_dump(mode="json"))
     for number in sorted({o.trial for o in observations}):
         mine = [o for o in observations if o.trial == number]
         steps = [{"rate": o.rate, "meets_sla": True, **o.measured} for o in mine]
-        study.add_trial(optuna.trial.create_trial(values=[100.0, 10.0], user_attrs={
-            "knobs": mine[0].config, "capacity_steps": steps, "status": "feasible"}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                values=[100.0, 10.0],
+                user_attrs={"knobs": mine[0].config, "capacity_steps": steps, "status": "feasible"},
+            )
+        )
     return storage
 
 
@@ -207,13 +297,31 @@ def test_calibrate_prints_held_out_error_beside_the_fitted_error(tmp_path: Path)
     preset: it fits on two trials and scores the other two, and prints both. Configs the fit
     never saw come out far nearer than the preset had them (the figures that made them are
     within the fit's reach)."""
-    truth = with_figures(load_hardware("h100"), {"decode_step_overhead_ms": 12.0, "prefill_step_overhead_ms": 40.0,
-                                                 "per_sequence_overhead_ms": 0.3, "mfu": 0.35, "mbu": 0.5}, "truth")
+    truth = with_figures(
+        load_hardware("h100"),
+        {
+            "decode_step_overhead_ms": 12.0,
+            "prefill_step_overhead_ms": 40.0,
+            "per_sequence_overhead_ms": 0.3,
+            "mfu": 0.35,
+            "mbu": 0.5,
+        },
+        "truth",
+    )
     scenario = _scenario()
     observations = _simulated_observations(truth, scenario)
     storage = _store_trials(tmp_path / "studies.db", observations, scenario)
-    done = run_autotune("calibrate", "--storage", storage, "--iterations", "60", "-o", "fitted.yaml", cwd=tmp_path,
-                        timeout=600)
+    done = run_autotune(
+        "calibrate",
+        "--storage",
+        storage,
+        "--iterations",
+        "60",
+        "-o",
+        "fitted.yaml",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert "held out: " in done.stdout and "scored by a fit on the other" in done.stdout
     summary = calibrate_summary(done.stdout)
@@ -222,26 +330,50 @@ def test_calibrate_prints_held_out_error_beside_the_fitted_error(tmp_path: Path)
         assert after <= before, summary  # never worse than the start on a fitted metric
         assert held_after < held_before / 2, summary
     fitted = load_hardware(str(tmp_path / "fitted.yaml"))
-    assert fitted.decode_step_overhead_ms.source == "calibrated" and fitted.bandwidth_tbs.source == "assumed"
+    assert (
+        fitted.decode_step_overhead_ms.source == "calibrated"
+        and fitted.bandwidth_tbs.source == "assumed"
+    )
 
 
 def _study(db: Path, runner: str, hardware: str = "cpu-box", trials: bool = True) -> str:
     """A study record as the tuner leaves it (no engine needed to refuse calibrating it)."""
-    study = optuna.create_study(storage=f"sqlite:///{db}", study_name="s", directions=["minimize", "maximize"])
-    study.set_user_attr("identity", {"runner": runner, "engine": "vllm", "model": "qwen2-7b", "hardware": hardware})
+    study = optuna.create_study(
+        storage=f"sqlite:///{db}", study_name="s", directions=["minimize", "maximize"]
+    )
+    study.set_user_attr(
+        "identity", {"runner": runner, "engine": "vllm", "model": "qwen2-7b", "hardware": hardware}
+    )
     study.set_user_attr("scenario", _scenario().model_dump(mode="json"))
     if trials:
-        study.add_trial(optuna.trial.create_trial(values=[100.0, 10.0], user_attrs={"status": "feasible"}))
+        study.add_trial(
+            optuna.trial.create_trial(values=[100.0, 10.0], user_attrs={"status": "feasible"})
+        )
     return f"sqlite:///{db}"
 
 
 BAD_CALIBRATIONS = {
     "a simulated study": (dict(runner="sim"), [], "its trials are simulated"),
-    "no measured load": (dict(runner="vllm", hardware="h100"), [], "no real trial with a whole measured load"),
-    "no profile to start from": (dict(runner="vllm"), [], "--hardware: give the profile to start from"),
-    "an engine the simulator cannot model": (dict(runner="vllm", hardware="h100"), ["--engine", "tgi"],
-                                             "--engine: the simulator has no scheduler model for 'tgi'"),
-    "output over the study": (dict(runner="vllm", hardware="h100"), ["-o", "studies.db"], "is the --storage file"),
+    "no measured load": (
+        dict(runner="vllm", hardware="h100"),
+        [],
+        "no real trial with a whole measured load",
+    ),
+    "no profile to start from": (
+        dict(runner="vllm"),
+        [],
+        "--hardware: give the profile to start from",
+    ),
+    "an engine the simulator cannot model": (
+        dict(runner="vllm", hardware="h100"),
+        ["--engine", "tgi"],
+        "--engine: the simulator has no scheduler model for 'tgi'",
+    ),
+    "output over the study": (
+        dict(runner="vllm", hardware="h100"),
+        ["-o", "studies.db"],
+        "is the --storage file",
+    ),
 }
 
 
@@ -269,9 +401,16 @@ def test_llamacpp_scheduler_has_no_select_batch_switch():
         for mode in ("prefill-first", "decode-first"):
             # A step of 1024 tokens: vLLM refuses prefill-first below the longest request (928 here);
             # 32 slots leave decodes running beside the prompts, where the modes part.
-            config = {"batch_size": 32, "select_batch": mode, "max_prefill_tokens": 1024, "quantization": "bf16",
-                      "kv_compression": 1.0}
-            m = SimRunner(engine, "qwen2-7b", "h100").run(config, scenario.at_rate(12.0), scenario.sla)
+            config = {
+                "batch_size": 32,
+                "select_batch": mode,
+                "max_prefill_tokens": 1024,
+                "quantization": "bf16",
+                "kv_compression": 1.0,
+            }
+            m = SimRunner(engine, "qwen2-7b", "h100").run(
+                config, scenario.at_rate(12.0), scenario.sla
+            )
             results[engine, mode] = float(np.percentile(m.first_token_s - m.send_s, 99))
     assert results["llamacpp", "prefill-first"] == results["llamacpp", "decode-first"]
     assert results["vllm", "prefill-first"] != results["vllm", "decode-first"]

@@ -32,15 +32,22 @@ def simulate(runner: SimRunner, knobs: dict, workload, trace: bool = False):
     knobs = config(**knobs)
     cost = runner._cost(knobs)
     block = runner.hardware.kv_block_tokens
-    sim = Simulation(cost, runner._scheduler(knobs), make_requests(workload), cost.kv_capacity_tokens(knobs["max_prefill_tokens"]) // block, block)
+    sim = Simulation(
+        cost,
+        runner._scheduler(knobs),
+        make_requests(workload),
+        cost.kv_capacity_tokens(knobs["max_prefill_tokens"]) // block,
+        block,
+    )
     if trace:
         sim.trace = []
     return sim, sim.run()
 
 
 def closed(scenario, concurrency: int, requests: int = 400):
-    return scenario.workload.model_copy(update={"arrival": Closed(kind="closed", concurrency=concurrency),
-                                                "num_requests": requests})
+    return scenario.workload.model_copy(
+        update={"arrival": Closed(kind="closed", concurrency=concurrency), "num_requests": requests}
+    )
 
 
 def test_zero_load_ttft_is_one_prefill():
@@ -72,7 +79,11 @@ def test_batch_size_raises_throughput_until_memory_binds():
     results = {}
     for batch in (1, 2, 4, 8, 16, 32, 64, 256):
         m = runner.run(config(batch_size=batch, max_prefill_batch_size=min(batch, 50)), wl)
-        results[batch] = (summarize(m, sc.sla)["output_tokens_per_s"], m.extra["max_running"], m.peak_kv_usage)
+        results[batch] = (
+            summarize(m, sc.sla)["output_tokens_per_s"],
+            m.extra["max_running"],
+            m.peak_kv_usage,
+        )
     tputs = [results[b][0] for b in (1, 2, 4, 8, 16)]
     assert all(b > a for a, b in zip(tputs, tputs[1:])), results
     # At 256 the memory, not the batch size, caps the running requests, and throughput stops rising.
@@ -85,8 +96,18 @@ def test_decode_first_trades_ttft_for_throughput_under_load(batch):
     sc = small_scenario(requests=800)
     wl = closed(sc, 32, requests=800)
     runner = SimRunner()
-    pf = summarize(runner.run(config(batch_size=batch, select_batch="prefill-first", max_prefill_batch_size=batch), wl), sc.sla)
-    df = summarize(runner.run(config(batch_size=batch, select_batch="decode-first", max_prefill_batch_size=batch), wl), sc.sla)
+    pf = summarize(
+        runner.run(
+            config(batch_size=batch, select_batch="prefill-first", max_prefill_batch_size=batch), wl
+        ),
+        sc.sla,
+    )
+    df = summarize(
+        runner.run(
+            config(batch_size=batch, select_batch="decode-first", max_prefill_batch_size=batch), wl
+        ),
+        sc.sla,
+    )
     assert df["output_tokens_per_s"] > pf["output_tokens_per_s"]
     assert df["ttft_p50_ms"] > pf["ttft_p50_ms"]
 
@@ -105,7 +126,9 @@ def test_preemption_recomputes_and_every_request_completes():
     wl = closed(sc, 256, requests=200)
     m = SimRunner(hardware="ascend-310p3").run(config(batch_size=256), wl)
     assert m.extra["preemptions"] > 0
-    assert m.ok.all() and np.all(m.finish_s >= m.first_token_s) and np.all(m.first_token_s >= m.send_s)
+    assert (
+        m.ok.all() and np.all(m.finish_s >= m.first_token_s) and np.all(m.first_token_s >= m.send_s)
+    )
     assert np.array_equal(m.output_tokens, make_requests(wl).output_tokens)
 
 
@@ -114,7 +137,9 @@ def test_deterministic_for_a_seed():
     a = SimRunner().run(config(), sc.workload)
     b = SimRunner().run(config(), sc.workload)
     c = SimRunner().run(config(), sc.workload.model_copy(update={"seed": 1}))
-    assert np.array_equal(a.first_token_s, b.first_token_s) and np.array_equal(a.finish_s, b.finish_s)
+    assert np.array_equal(a.first_token_s, b.first_token_s) and np.array_equal(
+        a.finish_s, b.finish_s
+    )
     assert not np.array_equal(a.finish_s, c.finish_s)
 
 
@@ -122,7 +147,9 @@ def test_deterministic_for_a_seed():
 def test_batch_and_prefill_limits_hold(policy_mode):
     sc = small_scenario(requests=400)
     wl = closed(sc, 64, requests=400)
-    knobs = dict(batch_size=12, select_batch=policy_mode, max_prefill_tokens=1536, max_prefill_batch_size=3)
+    knobs = dict(
+        batch_size=12, select_batch=policy_mode, max_prefill_tokens=1536, max_prefill_batch_size=3
+    )
     _, m = simulate(SimRunner(), knobs, wl)
     assert m.extra["max_running"] == 12
     assert m.extra["max_prefill_seqs"] <= 3
@@ -132,7 +159,12 @@ def test_batch_and_prefill_limits_hold(policy_mode):
 def test_chunked_prefill_respects_token_budget_and_mixes_decodes():
     sc = small_scenario(requests=300)
     wl = closed(sc, 48, requests=300)
-    sim, m = simulate(SimRunner(engine="vllm"), dict(batch_size=32, select_batch="decode-first", max_prefill_tokens=1024), wl, trace=True)
+    sim, m = simulate(
+        SimRunner(engine="vllm"),
+        dict(batch_size=32, select_batch="decode-first", max_prefill_tokens=1024),
+        wl,
+        trace=True,
+    )
     assert m.extra["max_step_tokens"] <= 1024
     assert m.extra["max_running"] <= 32
     mixed = [s for s in sim.trace if s[0] == "prefill" and s[3] > 0]
@@ -158,9 +190,20 @@ def test_select_batch_without_decode_weight_waits_for_the_batch_to_drain():
     prefill_cost > decode_waste whenever anything runs, and a waiting request is prefilled only
     when nothing is decoding."""
     sc = small_scenario(requests=200)
-    sim, m = simulate(SimRunner(), dict(batch_size=16, max_prefill_batch_size=16, select_batch="decode-first",
-                                        decode_time_ms_per_req=0), closed(sc, 40, requests=200), trace=True)
-    prefills = [running for kind, _seqs, _tokens, running, _waiting in sim.trace if kind == "prefill"]
+    sim, m = simulate(
+        SimRunner(),
+        dict(
+            batch_size=16,
+            max_prefill_batch_size=16,
+            select_batch="decode-first",
+            decode_time_ms_per_req=0,
+        ),
+        closed(sc, 40, requests=200),
+        trace=True,
+    )
+    prefills = [
+        running for kind, _seqs, _tokens, running, _waiting in sim.trace if kind == "prefill"
+    ]
     assert len(prefills) > 5 and set(prefills) == {0}
     assert m.ok.all()
 
@@ -171,7 +214,9 @@ def test_select_batch_without_prefill_weight_is_prefill_first():
     sc = small_scenario(requests=300)
     wl = sc.workload.model_copy(update={"arrival": Poisson(kind="poisson", rate=5.0)})
     runner = SimRunner()
-    a = runner.run(config(batch_size=16, select_batch="decode-first", prefill_time_ms_per_req=0), wl)
+    a = runner.run(
+        config(batch_size=16, select_batch="decode-first", prefill_time_ms_per_req=0), wl
+    )
     b = runner.run(config(batch_size=16, select_batch="prefill-first"), wl)
     assert np.array_equal(a.first_token_s, b.first_token_s)
 
@@ -179,16 +224,29 @@ def test_select_batch_without_prefill_weight_is_prefill_first():
 def test_preempted_request_longer_than_the_prefill_budget_does_not_stall():
     """A preempted request recomputes prompt + generated tokens, which can exceed
     max_prefill_tokens; it must still run (alone) instead of blocking the queue for ever."""
-    sc = small_scenario(requests=200, input_tokens=Fixed(kind="fixed", value=3072),
-                        output_tokens=Fixed(kind="fixed", value=1024))
+    sc = small_scenario(
+        requests=200,
+        input_tokens=Fixed(kind="fixed", value=3072),
+        output_tokens=Fixed(kind="fixed", value=1024),
+    )
     runner = SimRunner(hardware="ascend-310p3")
-    m = runner.run(config(batch_size=256, max_prefill_tokens=3072, max_prefill_batch_size=50,
-                          select_batch="prefill-first"), closed(sc, 256, requests=200))
+    m = runner.run(
+        config(
+            batch_size=256,
+            max_prefill_tokens=3072,
+            max_prefill_batch_size=50,
+            select_batch="prefill-first",
+        ),
+        closed(sc, 256, requests=200),
+    )
     assert m.fault is None and m.extra["preemptions"] > 0
     assert m.ok.all() and np.array_equal(m.output_tokens, np.full(200, 1024))
 
 
 def test_quantized_weights_make_bandwidth_bound_decode_faster():
     """Decode at small and medium batch streams the weights: fewer weight bytes, faster steps."""
-    times = {q: CostModel(QWEN2_7B, HW, q, 1.0).step_seconds(0, 0, 0, 0, 64, 64 * 600) for q in ("bf16", "w8a8", "w4a16")}
+    times = {
+        q: CostModel(QWEN2_7B, HW, q, 1.0).step_seconds(0, 0, 0, 0, 64, 64 * 600)
+        for q in ("bf16", "w8a8", "w4a16")
+    }
     assert times["w4a16"] < times["w8a8"] < times["bf16"], times

@@ -50,7 +50,9 @@ def _run(tmp_path: Path, sampler: optuna.samplers.BaseSampler, runner: SimRunner
     scenario = small_scenario(requests=50)
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
     study = create_study(storage, "s", sampler, scenario, runner.identity())
-    return StudyRun(study, scenario, SearchSpace.load("mindie").fit_workload(scenario.workload), runner, storage)
+    return StudyRun(
+        study, scenario, SearchSpace.load("mindie").fit_workload(scenario.workload), runner, storage
+    )
 
 
 @pytest.mark.parametrize("where", ["ask", "proposal", "runner"])
@@ -78,8 +80,10 @@ def test_a_failing_beat_is_said_once_and_retried(capsys):
     with beating(beat, 0.01, "the heartbeat of trial 7"):
         assert enough.wait(30)  # a bound against a hang: the thread must outlive its failures
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["autotune: warning: the heartbeat of trial 7 failed (database is locked); retrying every 0.01 s",
-                     "autotune: the heartbeat of trial 7 beats again"]
+    assert lines == [
+        "autotune: warning: the heartbeat of trial 7 failed (database is locked); retrying every 0.01 s",
+        "autotune: the heartbeat of trial 7 beats again",
+    ]
 
 
 SIM = {"runner": "sim", "engine": "mindie", "model": "qwen2-7b", "hardware": "ascend-910b2"}
@@ -91,17 +95,24 @@ def test_a_study_refuses_trials_measured_by_another_runner_engine_or_model(tmp_p
     sampler = optuna.samplers.RandomSampler(seed=0)
     create_study(storage, "s", sampler, scenario, SIM)
     real = {"runner": "llamacpp", "engine": "llamacpp", "model": "qwen2-7b", "hardware": "host-a"}
-    with pytest.raises(InputError, match="measured with runner sim, engine mindie, not runner llamacpp, "
-                                         "engine llamacpp; they cannot be compared"):
+    with pytest.raises(
+        InputError,
+        match="measured with runner sim, engine mindie, not runner llamacpp, "
+        "engine llamacpp; they cannot be compared",
+    ):
         create_study(storage, "s", sampler, scenario, real)
     with pytest.raises(InputError, match="measured with model qwen2-7b, not model other"):
         create_study(storage, "s", sampler, scenario, SIM | {"model": "other"})
     with pytest.raises(InputError, match="measured with hardware ascend-910b2, not hardware h100"):
-        create_study(storage, "s", sampler, scenario, SIM | {"hardware": "h100"})  # a simulated profile decides
+        create_study(
+            storage, "s", sampler, scenario, SIM | {"hardware": "h100"}
+        )  # a simulated profile decides
     create_study(storage, "s", sampler, scenario, SIM)  # the same identity resumes
 
     create_study(storage, "r", sampler, scenario, real)
-    create_study(storage, "r", sampler, scenario, real | {"hardware": "host-b"})  # a second worker's host label
+    create_study(
+        storage, "r", sampler, scenario, real | {"hardware": "host-b"}
+    )  # a second worker's host label
 
 
 def test_a_study_recorded_before_a_scenario_field_existed_resumes(tmp_path: Path):
@@ -117,7 +128,11 @@ def test_a_study_recorded_before_a_scenario_field_existed_resumes(tmp_path: Path
     create_study(storage, "old", optuna.samplers.RandomSampler(), scenario, identity)  # resumes
 
     trial = study.ask()
-    trial.set_user_attr("sla_constraints", {"ttft_p99": -0.5})  # before success_rate was a constraint
+    trial.set_user_attr(
+        "sla_constraints", {"ttft_p99": -0.5}
+    )  # before success_rate was a constraint
     study.tell(trial, [100.0, 1000.0])
-    with pytest.raises(InputError, match="carry the constraints ttft_p99, not ttft_p99, success_rate"):
+    with pytest.raises(
+        InputError, match="carry the constraints ttft_p99, not ttft_p99, success_rate"
+    ):
         create_study(storage, "old", optuna.samplers.RandomSampler(), scenario, identity)

@@ -32,8 +32,13 @@ def _scenario(tmp_path: Path, requests: int) -> Path:
 def _drop(name: str) -> None:
     optuna.delete_study(study_name=name, storage=POSTGRES)
     with create_engine(POSTGRES).begin() as con:
-        con.execute(text("delete from autotune_pareto_members where snapshot_id in "
-                         "(select id from autotune_pareto_snapshots where study_name = :n)"), {"n": name})
+        con.execute(
+            text(
+                "delete from autotune_pareto_members where snapshot_id in "
+                "(select id from autotune_pareto_snapshots where study_name = :n)"
+            ),
+            {"n": name},
+        )
         for table in ("autotune_pareto_snapshots", "autotune_trial_budgets"):
             con.execute(text(f"delete from {table} where study_name = :n"), {"n": name})
 
@@ -42,9 +47,27 @@ def test_three_workers_run_exactly_the_requested_trials(tmp_path: Path):
     scenario = _scenario(tmp_path, 1500)
     name = f"workers-{uuid.uuid4().hex[:8]}"
     total = 18
-    args = ["worker", "--scenario", str(scenario), "--storage", POSTGRES, "--study", name, "--trials", str(total)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tuner", *args, "--export", f"w{i}.yaml"], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    args = [
+        "worker",
+        "--scenario",
+        str(scenario),
+        "--storage",
+        POSTGRES,
+        "--study",
+        name,
+        "--trials",
+        str(total),
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tuner", *args, "--export", f"w{i}.yaml"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
     try:
         outputs = [p.communicate(timeout=600) for p in procs]
         assert all(p.returncode in (0, 3) for p in procs), outputs
@@ -72,10 +95,29 @@ def test_three_workers_run_exactly_the_requested_trials(tmp_path: Path):
 def test_kill_9_mid_trial_then_rerun_continues(tmp_path: Path):
     scenario = _scenario(tmp_path, 40000)  # about a second or more per trial
     db = f"sqlite:///{tmp_path / 'crash.db'}"
-    args = [sys.executable, "-m", "tuner", "worker", "--scenario", str(scenario), "--storage", db, "--study", "c",
-            "--trials", "5", "--heartbeat", "1"]
-    victim = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "worker",
+        "--scenario",
+        str(scenario),
+        "--storage",
+        db,
+        "--study",
+        "c",
+        "--trials",
+        "5",
+        "--heartbeat",
+        "1",
+    ]
+    victim = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     try:
         while True:
@@ -91,9 +133,16 @@ def test_kill_9_mid_trial_then_rerun_continues(tmp_path: Path):
         os.killpg(victim.pid, signal.SIGKILL)
     finally:
         victim.wait()
-    before = {t.number: t.values for t in optuna.load_study(study_name="c", storage=db).trials
-              if t.state == TrialState.COMPLETE}
-    killed = [t.number for t in optuna.load_study(study_name="c", storage=db).trials if t.state == TrialState.RUNNING]
+    before = {
+        t.number: t.values
+        for t in optuna.load_study(study_name="c", storage=db).trials
+        if t.state == TrialState.COMPLETE
+    }
+    killed = [
+        t.number
+        for t in optuna.load_study(study_name="c", storage=db).trials
+        if t.state == TrialState.RUNNING
+    ]
     assert len(killed) == 1
 
     again = run_autotune(*args[3:], cwd=tmp_path, timeout=600)
@@ -104,4 +153,6 @@ def test_kill_9_mid_trial_then_rerun_continues(tmp_path: Path):
         assert by_number[number].state == TrialState.COMPLETE and by_number[number].values == values
     assert by_number[killed[0]].state == TrialState.FAIL
     counted = [t for t in trials if t.number != killed[0]]
-    assert len(counted) == 5 and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in counted)
+    assert len(counted) == 5 and all(
+        t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in counted
+    )

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -30,16 +32,24 @@ def build_tokenizer(out: Path, vocab_size: int = 2048):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIAL), special_tokens=[],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(SPECIAL),
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(_corpus(), trainer)
     tokenizer.add_special_tokens(SPECIAL)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=SPECIAL[0], pad_token=SPECIAL[0])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token=SPECIAL[0], pad_token=SPECIAL[0]
+    )
     fast.save_pretrained(str(out))
     return fast
 
@@ -52,9 +62,18 @@ def build_tiny_qwen2(out: Path) -> Path:
     tokenizer = build_tokenizer(out)
     eos = tokenizer.convert_tokens_to_ids(SPECIAL[0])
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
-        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=eos, eos_token_id=eos,
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=eos,
+        eos_token_id=eos,
         torch_dtype="bfloat16",
     )
     torch.manual_seed(0)

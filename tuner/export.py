@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict
 
 import tuner
 from objectives.scenario import Workload
+from objectives.userfile import load_yaml
 from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
-from objectives.userfile import load_yaml
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
 
@@ -34,33 +34,51 @@ class ExportedConfig(BaseModel):
     knobs: dict[str, Any]
     native: dict[str, Any]
     capacity: dict[str, Any] | None = None  # what one instance sustains within the SLA
-    quality: dict[str, Any] | None = None  # what the precision and KV setting cost in accuracy, and its source
+    quality: dict[str, Any] | None = (
+        None  # what the precision and KV setting cost in accuracy, and its source
+    )
     metrics: dict[str, Any]
 
 
-def _mindie_form(knobs: dict[str, Any], workload: Workload, ran: list[str] | None) -> dict[str, Any]:
+def _mindie_form(
+    knobs: dict[str, Any], workload: Workload, ran: list[str] | None
+) -> dict[str, Any]:
     mindie = render("mindie", knobs)
-    config = mindie.get("config", {}) | {"ModelDeployConfig": mindie_model_deploy(workload.longest_prompt,
-                                                                                  workload.longest_request)}
-    return {"config_json": config, "weights_precision": mindie.get("weights", "bf16"),
-            **({"env": mindie["env"]} if "env" in mindie else {})}
+    config = mindie.get("config", {}) | {
+        "ModelDeployConfig": mindie_model_deploy(workload.longest_prompt, workload.longest_request)
+    }
+    return {
+        "config_json": config,
+        "weights_precision": mindie.get("weights", "bf16"),
+        **({"env": mindie["env"]} if "env" in mindie else {}),
+    }
 
 
 def _vllm_form(knobs: dict[str, Any], workload: Workload, ran: list[str] | None) -> dict[str, Any]:
-    return {"serve_args": vllm_args(knobs, workload) if ran is None else ran,
-            "weights_precision": knobs.get("quantization", "bf16")}
+    return {
+        "serve_args": vllm_args(knobs, workload) if ran is None else ran,
+        "weights_precision": knobs.get("quantization", "bf16"),
+    }
 
 
-def _llamacpp_form(knobs: dict[str, Any], workload: Workload, ran: list[str] | None) -> dict[str, Any]:
-    return {"server_args": llamacpp_args(knobs, workload) if ran is None else ran,
-            "gguf_type": LLAMACPP_GGUF_TYPES[knobs.get("quantization", "bf16")]}
+def _llamacpp_form(
+    knobs: dict[str, Any], workload: Workload, ran: list[str] | None
+) -> dict[str, Any]:
+    return {
+        "server_args": llamacpp_args(knobs, workload) if ran is None else ran,
+        "gguf_type": LLAMACPP_GGUF_TYPES[knobs.get("quantization", "bf16")],
+    }
 
 
 _FORMS = {"mindie": _mindie_form, "vllm": _vllm_form, "llamacpp": _llamacpp_form}
 
 
-def native_forms(knobs: dict[str, Any], workload: Workload, engine: str | None = None,
-                 engine_args: list[str] | None = None) -> dict[str, Any]:
+def native_forms(
+    knobs: dict[str, Any],
+    workload: Workload,
+    engine: str | None = None,
+    engine_args: list[str] | None = None,
+) -> dict[str, Any]:
     """MindIE's config.json fragment and the `vllm serve` and `llama-server` arguments of a
     config for the workload, rendered as the runners render them (search_spaces.engines), less
     host, port and local paths. The trial's own `engine` keeps the `engine_args` it ran with
@@ -71,7 +89,9 @@ def native_forms(knobs: dict[str, Any], workload: Workload, engine: str | None =
         ran = engine_args if name == engine else None
         refused = [] if ran is not None else violations(name, knobs, workload)
         try:
-            forms[name] = {"not_expressible": "; ".join(refused)} if refused else form(knobs, workload, ran)
+            forms[name] = (
+                {"not_expressible": "; ".join(refused)} if refused else form(knobs, workload, ran)
+            )
         except ValueError as error:  # a knob value the engine has no setting for
             forms[name] = {"not_expressible": str(error)}
     return forms
@@ -99,9 +119,18 @@ def capacity_summary(metrics: dict[str, Any], peak_rate: float | None) -> dict[s
     return summary
 
 
-def build_export(study: str, trial: int, scenario: str, sla: dict, identity: dict[str, str],
-                 knobs: dict[str, Any], metrics: dict[str, Any], peak_rate: float | None = None, *,
-                 workload: Workload) -> ExportedConfig:
+def build_export(
+    study: str,
+    trial: int,
+    scenario: str,
+    sla: dict,
+    identity: dict[str, str],
+    knobs: dict[str, Any],
+    metrics: dict[str, Any],
+    peak_rate: float | None = None,
+    *,
+    workload: Workload,
+) -> ExportedConfig:
     """`metrics` are the trial's attributes: its measurements and the engine arguments it ran with."""
     return ExportedConfig(
         autotune_version=tuner.__version__,
@@ -118,8 +147,11 @@ def build_export(study: str, trial: int, scenario: str, sla: dict, identity: dic
         native=native_forms(knobs, workload, identity["engine"], metrics.get("engine_args")),
         capacity=capacity_summary(metrics, peak_rate),
         quality=quality_summary(metrics),
-        metrics={key: value for key, value in metrics.items()
-                 if key not in NOT_EXPORTED and not key.startswith("quality_")},  # those are in `quality`
+        metrics={
+            key: value
+            for key, value in metrics.items()
+            if key not in NOT_EXPORTED and not key.startswith("quality_")
+        },  # those are in `quality`
     )
 
 

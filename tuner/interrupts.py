@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 HELD = (signal.SIGINT, signal.SIGTERM)
 
@@ -21,8 +21,11 @@ def interrupts_deferred() -> Iterator[None]:
         return
     arrived: list[int] = []
     # A signal the process ignores (started by nohup, or in the background) stays ignored.
-    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
-                for signum in HELD if signal.getsignal(signum) is not signal.SIG_IGN}
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+        for signum in HELD
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:

@@ -38,9 +38,13 @@ def _order(rung: Rung) -> tuple:
     """Least accuracy lost first: the ladder's steps down."""
     figures = trial_figures(rung.quality)
     unknown = math.inf
-    return (figures["accuracy_drop"] if figures["accuracy_drop"] is not None else unknown,
-            figures["kl"] if figures["kl"] is not None else unknown,
-            -(figures["top1_agreement"] or 0.0), rung.pair[0], -rung.pair[1])
+    return (
+        figures["accuracy_drop"] if figures["accuracy_drop"] is not None else unknown,
+        figures["kl"] if figures["kl"] is not None else unknown,
+        -(figures["top1_agreement"] or 0.0),
+        rung.pair[0],
+        -rung.pair[1],
+    )
 
 
 def ladder(study: optuna.Study) -> list[Rung]:
@@ -49,17 +53,29 @@ def ladder(study: optuna.Study) -> list[Rung]:
         pair = quality_pair(trial_knobs(study, t))
         rung = rungs.setdefault(pair, Rung(pair, {}))
         rung.trials += 1
-        rung.quality = {k: v for k, v in t.user_attrs.items() if k.startswith("quality_")} or rung.quality
+        rung.quality = {
+            k: v for k, v in t.user_attrs.items() if k.startswith("quality_")
+        } or rung.quality
         if meets_sla(t.user_attrs.get("sla_constraints", t.constraints)) and (
-                rung.throughput is None or t.values[1] > rung.throughput):
+            rung.throughput is None or t.values[1] > rung.throughput
+        ):
             rung.best_trial, rung.throughput = t.number, t.values[1]
     for dropped in study.user_attrs.get(EXCLUDED, []):
         pair = quality_pair(dropped)
-        rungs.setdefault(pair, Rung(pair, {k: v for k, v in dropped.items() if k.startswith("quality_")}))
+        rungs.setdefault(
+            pair, Rung(pair, {k: v for k, v in dropped.items() if k.startswith("quality_")})
+        )
     return sorted(rungs.values(), key=_order)
 
 
-LADDER_HEAD = ("precision", "KV kept", "best {throughput} within the SLA", "trial", "quality", "meets quality SLO")
+LADDER_HEAD = (
+    "precision",
+    "KV kept",
+    "best {throughput} within the SLA",
+    "trial",
+    "quality",
+    "meets quality SLO",
+)
 
 
 def ladder_rows(study: optuna.Study) -> tuple[list[str], list[list[str]]]:
@@ -75,8 +91,16 @@ def ladder_rows(study: optuna.Study) -> tuple[list[str], list[list[str]]]:
         else:
             found = f"{rung.throughput:.0f}"
         meets = rung.meets_quality(scenario)
-        rows.append([rung.pair[0], f"{rung.pair[1]:g}", found, "-" if rung.best_trial is None else str(rung.best_trial),
-                     describe_figures(rung.quality), "-" if meets is None else ("yes" if meets else "no")])
+        rows.append(
+            [
+                rung.pair[0],
+                f"{rung.pair[1]:g}",
+                found,
+                "-" if rung.best_trial is None else str(rung.best_trial),
+                describe_figures(rung.quality),
+                "-" if meets is None else ("yes" if meets else "no"),
+            ]
+        )
     return head, rows
 
 
@@ -84,7 +108,8 @@ def ladder_table(study: optuna.Study) -> Table:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     slo = scenario.quality.model_dump(exclude_none=True) if scenario.quality else {}
     title = "Quality ladder: what each step down in accuracy buys" + (
-        f" (quality SLO: {', '.join(f'{k} {v:g}' for k, v in slo.items())})" if slo else "")
+        f" (quality SLO: {', '.join(f'{k} {v:g}' for k, v in slo.items())})" if slo else ""
+    )
     head, rows = ladder_rows(study)
     table = Table(title=title)
     for column in head:
@@ -99,4 +124,6 @@ def print_quality(study: optuna.Study, book: QualityBook | None) -> None:
     if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         out.print(ladder_table(study))
     if book is not None and book.measurements:
-        out.print(f"quality: {book.measurements} precision and KV pairs measured this run, {book.measure_s:.1f} s in all")
+        out.print(
+            f"quality: {book.measurements} precision and KV pairs measured this run, {book.measure_s:.1f} s in all"
+        )

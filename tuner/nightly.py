@@ -23,12 +23,12 @@ from sqlalchemy.orm import Session
 
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values
+from objectives.userfile import InputError
 from runners.base import Runner
 from runners.capacity import evaluate
 from runners.process import pid_alive
 from tuner.storage import NightlyLock, NightlyRun, has_table
 from tuner.study import WORKER, beating
-from objectives.userfile import InputError
 
 EXIT_UNCHANGED, EXIT_PROMOTED, EXIT_FAILED = 0, 10, 20
 MIN_GAIN = 0.02  # the smallest default margin: below it a win is a rounding of the figures
@@ -38,6 +38,8 @@ def default_min_gain(scenario: Scenario) -> float:
     """The margin a night asks of a candidate unless --min-gain says: in capacity mode at least
     the search's precision, since two capacities closer than the final bracket are not told apart."""
     return max(MIN_GAIN, scenario.load.precision) if scenario.load.mode == "capacity" else MIN_GAIN
+
+
 LOCK_STALE_AFTER = timedelta(minutes=30)  # no heartbeat for this long: the holder is gone
 
 
@@ -62,8 +64,13 @@ class Repeats:
         return float((max(values) - min(values)) / np.mean(values)) if len(values) > 1 else 0.0
 
     def as_record(self) -> dict[str, Any]:
-        return {"knobs": self.knobs, "repeats": self.runs, "feasible_all": self.feasible_all,
-                "ttft_p99_ms_mean": self.mean("ttft_p99_ms"), "output_tokens_per_s_mean": self.mean("output_tokens_per_s")}
+        return {
+            "knobs": self.knobs,
+            "repeats": self.runs,
+            "feasible_all": self.feasible_all,
+            "ttft_p99_ms_mean": self.mean("ttft_p99_ms"),
+            "output_tokens_per_s_mean": self.mean("output_tokens_per_s"),
+        }
 
 
 def measure(runner: Runner, scenario: Scenario, knobs: dict[str, Any], repeats: int) -> Repeats:
@@ -72,15 +79,28 @@ def measure(runner: Runner, scenario: Scenario, knobs: dict[str, Any], repeats: 
     for k in range(repeats):
         evaluation = evaluate(runner, knobs, scenario, seed_offset=k)
         if evaluation.fault is not None:
-            runs.append({"ttft_p99_ms": None, "output_tokens_per_s": None, "feasible": False,
-                         "fault": evaluation.fault.message})
+            runs.append(
+                {
+                    "ttft_p99_ms": None,
+                    "output_tokens_per_s": None,
+                    "feasible": False,
+                    "fault": evaluation.fault.message,
+                }
+            )
             continue
         metrics = evaluation.metrics
         values = objective_values(metrics, scenario)
         ok = values is not None and is_feasible(constraint_values(metrics, scenario.sla))
         ttft, throughput = values if values is not None else (None, None)
-        runs.append({"ttft_p99_ms": ttft, "output_tokens_per_s": throughput, "feasible": ok, "fault": None,
-                     **({"capacity_rps": metrics["capacity_rps"]} if "capacity_rps" in metrics else {})})
+        runs.append(
+            {
+                "ttft_p99_ms": ttft,
+                "output_tokens_per_s": throughput,
+                "feasible": ok,
+                "fault": None,
+                **({"capacity_rps": metrics["capacity_rps"]} if "capacity_rps" in metrics else {}),
+            }
+        )
     return Repeats(knobs, runs)
 
 
@@ -91,10 +111,16 @@ class Decision:
     drift: bool = False
 
 
-def decide(scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | None, min_gain: float) -> Decision:
+def decide(
+    scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | None, min_gain: float
+) -> Decision:
     drift = incumbent is not None and not incumbent.feasible_all
     if candidate is None or not candidate.feasible_all:
-        why = "no candidate met the SLA" if candidate is None else "the best candidate missed the SLA in a repeat"
+        why = (
+            "no candidate met the SLA"
+            if candidate is None
+            else "the best candidate missed the SLA in a repeat"
+        )
         if incumbent is None or drift:
             return Decision("failed", f"{why}, and no deployed config meets it either", drift)
         return Decision("unchanged", why)
@@ -103,7 +129,11 @@ def decide(scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | N
     if candidate.knobs == incumbent.knobs:
         return Decision("unchanged", "the best candidate is the deployed config", drift)
     if drift:
-        return Decision("promoted", "the deployed config no longer meets the SLA (drift); promoted without margin", True)
+        return Decision(
+            "promoted",
+            "the deployed config no longer meets the SLA (drift); promoted without margin",
+            True,
+        )
     objectives = [("output_tokens_per_s", 1, "throughput"), ("ttft_p99_ms", -1, "TTFT p99")]
     if scenario.pick == "min-ttft":
         objectives.reverse()
@@ -112,10 +142,14 @@ def decide(scenario: Scenario, incumbent: Repeats | None, candidate: Repeats | N
         margin = max(min_gain, incumbent.spread(key), candidate.spread(key))
         gain = sign * (candidate.mean(key) / incumbent.mean(key) - 1)
         if gain > margin:
-            return Decision("promoted", f"{label} better by {gain:.1%}, more than the margin {margin:.1%}")
+            return Decision(
+                "promoted", f"{label} better by {gain:.1%}, more than the margin {margin:.1%}"
+            )
         if rank == 0 and abs(gain) > scenario.tie_tolerance:
             break
-    return Decision("unchanged", f"{label} better by {gain:.1%}, not more than the margin {margin:.1%}")
+    return Decision(
+        "unchanged", f"{label} better by {gain:.1%}, not more than the margin {margin:.1%}"
+    )
 
 
 def _stale(lock: NightlyLock, now: datetime) -> bool:
@@ -131,20 +165,27 @@ def acquire_lock(engine, study_name: str) -> str | None:
     now = datetime.now(timezone.utc)
     try:
         with Session(engine) as session, session.begin():
-            session.add(NightlyLock(study_name=study_name, holder=WORKER, acquired_at=now, beat_at=now))
+            session.add(
+                NightlyLock(study_name=study_name, holder=WORKER, acquired_at=now, beat_at=now)
+            )
         return None
     except IntegrityError:
         pass
     with Session(engine) as session, session.begin():
         lock = session.get(NightlyLock, study_name)
         if lock is None:
-            raise InputError(f"nightly lock of {study_name}: released while being checked; run again")
+            raise InputError(
+                f"nightly lock of {study_name}: released while being checked; run again"
+            )
         if not _stale(lock, now):
-            raise InputError(f"another nightly run of {study_name} holds the lock ({lock.holder}, since "
-                             f"{lock.acquired_at:%Y-%m-%d %H:%M:%S}); not starting a second one")
+            raise InputError(
+                f"another nightly run of {study_name} holds the lock ({lock.holder}, since "
+                f"{lock.acquired_at:%Y-%m-%d %H:%M:%S}); not starting a second one"
+            )
         old = lock.holder
         taken = session.execute(
-            update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == old)
+            update(NightlyLock)
+            .where(NightlyLock.study_name == study_name, NightlyLock.holder == old)
             .values(holder=WORKER, acquired_at=now, beat_at=now)
         ).rowcount
     if taken != 1:
@@ -161,13 +202,17 @@ def beat_lock(engine, study_name: str) -> None:
     """Renew the lock's heartbeat; LockLost when this process no longer holds it."""
     with Session(engine) as session, session.begin():
         beaten = session.execute(
-            update(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER)
-            .values(beat_at=datetime.now(timezone.utc))).rowcount
+            update(NightlyLock)
+            .where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER)
+            .values(beat_at=datetime.now(timezone.utc))
+        ).rowcount
         if beaten != 1:
             lock = session.get(NightlyLock, study_name)
             holder = f"is held by {lock.holder}" if lock is not None else "was released"
-            raise LockLost(f"the nightly lock of {study_name} {holder} while this night ran; "
-                           "this night records and promotes nothing")
+            raise LockLost(
+                f"the nightly lock of {study_name} {holder} while this night ran; "
+                "this night records and promotes nothing"
+            )
 
 
 class StudyLock:
@@ -178,7 +223,9 @@ class StudyLock:
         self.engine, self.study_name, self.note = None, None, None
 
     def take(self, storage, study_name: str) -> None:
-        self.note = acquire_lock(storage.engine, study_name)  # a note when a stale lock was taken over
+        self.note = acquire_lock(
+            storage.engine, study_name
+        )  # a note when a stale lock was taken over
         self.engine, self.study_name = storage.engine, study_name
 
     def release(self) -> None:
@@ -192,23 +239,42 @@ LOCK_BEAT_S = 60.0
 def lock_kept(engine, study_name: str, every_s: float = LOCK_BEAT_S):
     """Beat the lock while the night runs: measuring on real engines takes longer than the
     stale limit, and a silent lock would be taken over by another host."""
-    return beating(lambda: beat_lock(engine, study_name), every_s, f"the nightly lock's heartbeat of {study_name}")
+    return beating(
+        lambda: beat_lock(engine, study_name),
+        every_s,
+        f"the nightly lock's heartbeat of {study_name}",
+    )
 
 
 def release_lock(engine, study_name: str) -> None:
     with Session(engine) as session, session.begin():
-        session.execute(delete(NightlyLock).where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER))
+        session.execute(
+            delete(NightlyLock).where(
+                NightlyLock.study_name == study_name, NightlyLock.holder == WORKER
+            )
+        )
 
 
-def record_night(engine, study_name: str, started: datetime, decision: Decision,
-                 incumbent: Repeats | None, candidate: Repeats | None) -> None:
+def record_night(
+    engine,
+    study_name: str,
+    started: datetime,
+    decision: Decision,
+    incumbent: Repeats | None,
+    candidate: Repeats | None,
+) -> None:
     with Session(engine) as session, session.begin():
-        session.add(NightlyRun(
-            study_name=study_name, started_at=started, finished_at=datetime.now(timezone.utc),
-            decision=decision.outcome, reason=decision.reason[:2000],
-            incumbent=incumbent.as_record() if incumbent else None,
-            candidate=candidate.as_record() if candidate else None,
-        ))
+        session.add(
+            NightlyRun(
+                study_name=study_name,
+                started_at=started,
+                finished_at=datetime.now(timezone.utc),
+                decision=decision.outcome,
+                reason=decision.reason[:2000],
+                incumbent=incumbent.as_record() if incumbent else None,
+                candidate=candidate.as_record() if candidate else None,
+            )
+        )
 
 
 def nights(engine, study_name: str | None) -> list[NightlyRun]:
@@ -225,16 +291,28 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def report(study_name: str, started: datetime, decision: Decision,
-           incumbent: Repeats | None, candidate: Repeats | None, candidate_trial: int | None) -> str:
+def report(
+    study_name: str,
+    started: datetime,
+    decision: Decision,
+    incumbent: Repeats | None,
+    candidate: Repeats | None,
+    candidate_trial: int | None,
+) -> str:
     lines = [f"# autotune nightly: {study_name}", "", f"{started:%Y-%m-%d %H:%M} UTC", ""]
     if decision.drift:
         lines += ["## DRIFT: the deployed config no longer meets the SLA", ""]
-    lines += [f"**Decision: {decision.outcome}.** {decision.reason}", "",
-              "| config | repeats meeting SLA | TTFT p99 ms (mean) | throughput tok/s (mean) |", "|---|---|---|---|"]
+    lines += [
+        f"**Decision: {decision.outcome}.** {decision.reason}",
+        "",
+        "| config | repeats meeting SLA | TTFT p99 ms (mean) | throughput tok/s (mean) |",
+        "|---|---|---|---|",
+    ]
     for label, r in (("deployed", incumbent), (f"candidate (trial {candidate_trial})", candidate)):
         if r is not None:
             met = sum(run["feasible"] for run in r.runs)
             ttft, throughput = r.mean("ttft_p99_ms"), r.mean("output_tokens_per_s")
-            lines.append(f"| {label} | {met}/{len(r.runs)} | {_number(ttft)} | {_number(throughput)} |")
+            lines.append(
+                f"| {label} | {met}/{len(r.runs)} | {_number(ttft)} | {_number(throughput)} |"
+            )
     return "\n".join(lines) + "\n"

@@ -28,14 +28,18 @@ def _check_existing(path: Path, flag: str) -> None:
     if stat.S_ISDIR(mode):
         raise InputError(f"{flag}: {path} is a directory")
     if not stat.S_ISREG(mode):
-        raise InputError(f"{flag}: {path} exists and is not a regular file (a device, pipe or socket); "
-                         "give a file path")
+        raise InputError(
+            f"{flag}: {path} exists and is not a regular file (a device, pipe or socket); "
+            "give a file path"
+        )
 
 
 def _shown(path: Path) -> str:
     """A path short enough for one line of an error."""
     text = str(path)
-    return text if len(text) <= 80 else f"{text[:40]}...{text[-20:]} ({len(path.name)}-character name)"
+    return (
+        text if len(text) <= 80 else f"{text[:40]}...{text[-20:]} ({len(path.name)}-character name)"
+    )
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -72,12 +76,14 @@ def check_distinct(outputs: dict[str, Path], inputs: dict[str, Path | None]) -> 
     """No output may overwrite an input (the study database, a scenario) or another output."""
     named = list(outputs.items())
     for i, (flag, path) in enumerate(named):
-        for other_flag, other in named[i + 1:]:
+        for other_flag, other in named[i + 1 :]:
             if _same(path, other):
                 raise InputError(f"{flag}: {path} is also {other_flag}; give them different files")
         for input_flag, source in inputs.items():
             if source is not None and _same(path, source):
-                raise InputError(f"{flag}: {path} is the {input_flag} file; writing it would destroy it")
+                raise InputError(
+                    f"{flag}: {path} is the {input_flag} file; writing it would destroy it"
+                )
 
 
 def write_atomic(path: Path, text: str) -> None:

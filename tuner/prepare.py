@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import optuna
 
@@ -45,13 +45,28 @@ def user_file(value: str | Path | None) -> Path | None:
     return Path(value) if value is not None and os.path.lexists(value) else None
 
 
-def _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path=None,
-            screen_hardware=None, quality_path=None, quality_prompts_path=None) -> dict[str, Path | None]:
-    return {"--scenario": user_file(scenario), "--hardware": user_file(hardware),
-            "--runner-config": user_file(runner_config), "--space": user_file(space_path),
-            "--baseline": user_file(baseline_path), "--screen-hardware": user_file(screen_hardware),
-            "--quality": user_file(quality_path), "--quality-prompts": user_file(quality_prompts_path),
-            "--storage": sqlite_file(storage)}
+def _inputs(
+    scenario,
+    hardware,
+    runner_config,
+    space_path,
+    storage,
+    baseline_path=None,
+    screen_hardware=None,
+    quality_path=None,
+    quality_prompts_path=None,
+) -> dict[str, Path | None]:
+    return {
+        "--scenario": user_file(scenario),
+        "--hardware": user_file(hardware),
+        "--runner-config": user_file(runner_config),
+        "--space": user_file(space_path),
+        "--baseline": user_file(baseline_path),
+        "--screen-hardware": user_file(screen_hardware),
+        "--quality": user_file(quality_path),
+        "--quality-prompts": user_file(quality_prompts_path),
+        "--storage": sqlite_file(storage),
+    }
 
 
 def check_outputs(outputs: dict[str, Path], inputs: dict[str, Path | None]) -> None:
@@ -66,41 +81,88 @@ def check_context(scenario: Scenario, source: str, runner: Runner) -> None:
     need = scenario.workload.longest_request
     if limit is not None and need > limit:
         i, o = scenario.workload.input_tokens.bounds[1], scenario.workload.output_tokens.bounds[1]
-        raise InputError(f"{source}: workload: the longest request ({i} input + {o} output = {need} tokens) "
-                         f"exceeds the context of {model} ({limit} tokens, max_position_embeddings)")
+        raise InputError(
+            f"{source}: workload: the longest request ({i} input + {o} output = {need} tokens) "
+            f"exceeds the context of {model} ({limit} tokens, max_position_embeddings)"
+        )
 
 
-def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_config, space_path, trials, seed,
-            sampler, storage, study_name, baseline_path, heartbeat_s, outputs: dict[str, Path],
-            screen: str | None = None, screen_hardware: str | None = None, screen_trials: int = 40,
-            must_exist: bool = False, quality_path: Path | None = None,
-            quality_prompts_path: Path | None = None,
-            before_writes: Callable[[optuna.storages.RDBStorage, str], None] | None = None) -> Prepared:
+def prepare(
+    scenario,
+    runner_name,
+    engine,
+    model,
+    hardware,
+    engine_cmd,
+    runner_config,
+    space_path,
+    trials,
+    seed,
+    sampler,
+    storage,
+    study_name,
+    baseline_path,
+    heartbeat_s,
+    outputs: dict[str, Path],
+    screen: str | None = None,
+    screen_hardware: str | None = None,
+    screen_trials: int = 40,
+    must_exist: bool = False,
+    quality_path: Path | None = None,
+    quality_prompts_path: Path | None = None,
+    before_writes: Callable[[optuna.storages.RDBStorage, str], None] | None = None,
+) -> Prepared:
     """Validate every input and output before anything is written, then open (or resume) the study.
     `before_writes(storage, study name)` runs once the storage is open, before the study is written
     (nightly takes its lock there)."""
     if scenario is None:
         raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
     chosen = load_scenario(scenario)
-    runner = _make_runner(runner_name, engine=engine, model=model, hardware=hardware, engine_cmd=engine_cmd,
-                          runner_config=runner_config)
+    runner = _make_runner(
+        runner_name,
+        engine=engine,
+        model=model,
+        hardware=hardware,
+        engine_cmd=engine_cmd,
+        runner_config=runner_config,
+    )
     runner.check_inputs()
     check_context(chosen, f"--scenario {scenario}", runner)
-    space = runner.adapt(SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload, f"--scenario {scenario}"))
-    quality = plan_quality(chosen, f"--scenario {scenario}", runner, space, quality_path, quality_prompts_path)
+    space = runner.adapt(
+        SearchSpace.load(runner.engine, space_path).fit_workload(
+            chosen.workload, f"--scenario {scenario}"
+        )
+    )
+    quality = plan_quality(
+        chosen, f"--scenario {scenario}", runner, space, quality_path, quality_prompts_path
+    )
     space = quality.space
     simulated = runner.name == "sim"
     optuna_sampler = make_sampler(sampler, seed, space, trials, simulated)
     baseline = None
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
-    check_outputs(outputs, _inputs(scenario, hardware, runner_config, space_path, storage, baseline_path,
-                                   screen_hardware, quality_path, quality_prompts_path))
+    check_outputs(
+        outputs,
+        _inputs(
+            scenario,
+            hardware,
+            runner_config,
+            space_path,
+            storage,
+            baseline_path,
+            screen_hardware,
+            quality_path,
+            quality_prompts_path,
+        ),
+    )
     screening = plan_screen(screen, screen_hardware, screen_trials, seed, runner, chosen, space)
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)
     if must_exist and study_name_missing(storage, name):
-        raise InputError(f"--study: no study {name!r} in {storage}; run `autotune` or `autotune worker` first")
+        raise InputError(
+            f"--study: no study {name!r} in {storage}; run `autotune` or `autotune worker` first"
+        )
     rdb = open_storage(storage, heartbeat_s)
     if before_writes is not None:
         before_writes(rdb, name)
@@ -111,11 +173,16 @@ def prepare(scenario, runner_name, engine, model, hardware, engine_cmd, runner_c
     book = quality.book(study, runner)
     if baseline is not None:
         dists = space.distributions()
-        study.enqueue_trial({k: v for k, v in baseline.items() if k in dists}, user_attrs={"baseline": str(baseline_path)})
+        study.enqueue_trial(
+            {k: v for k, v in baseline.items() if k in dists},
+            user_attrs={"baseline": str(baseline_path)},
+        )
     if screening is not None:
         screening.attach(rdb, name)
         screening.quality = book.table_only()
-    return Prepared(chosen, runner, space, study, rdb, screening, describe(sampler, simulated), book)
+    return Prepared(
+        chosen, runner, space, study, rdb, screening, describe(sampler, simulated), book
+    )
 
 
 def report_outputs(export_path: Path, html_path: Path | None, no_html: bool) -> dict[str, Path]:
@@ -125,4 +192,8 @@ def report_outputs(export_path: Path, html_path: Path | None, no_html: bool) -> 
     if no_html:
         return {"--export": export_path}
     html_path = html_path or export_path.with_name(export_path.stem + ".report.html")
-    return {"--export": export_path, "--html": html_path, "--html's .png": html_path.with_suffix(".png")}
+    return {
+        "--export": export_path,
+        "--html": html_path,
+        "--html's .png": html_path.with_suffix(".png"),
+    }

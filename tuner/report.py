@@ -22,26 +22,42 @@ from objectives.userfile import InputError
 from tuner import nightly as night
 from tuner.export import build_export
 from tuner.ladder import ladder_rows
-from tuner.quality import describe_figures
 from tuner.outputs import write_atomic
+from tuner.quality import describe_figures
 from tuner.study import best_trial, feasible_front, trial_knobs
 
-KNOB_COLUMNS = ("batch_size", "select_batch", "max_prefill_tokens", "quantization", "kv_compression")
+KNOB_COLUMNS = (
+    "batch_size",
+    "select_batch",
+    "max_prefill_tokens",
+    "quantization",
+    "kv_compression",
+)
 
 
 def _sla_misses(t: FrozenTrial) -> str:
     named = t.user_attrs.get("sla_constraints", t.constraints)
-    latency = [f"{k} +{v:.0%}" for k, v in named.items() if v > 0 and not str(k).startswith(QUALITY_PREFIX)]
+    latency = [
+        f"{k} +{v:.0%}" for k, v in named.items() if v > 0 and not str(k).startswith(QUALITY_PREFIX)
+    ]
     # Quality constraints are in the figure's own units (points, nats, share), not relative.
-    quality = [f"{str(k).removeprefix(QUALITY_PREFIX)} {v:+.3g} past its bound" for k, v in named.items()
-               if v > 0 and str(k).startswith(QUALITY_PREFIX)]
-    return "; ".join([*(["misses the SLA: " + ", ".join(latency)] if latency else []),
-                      *(["misses the quality SLO: " + ", ".join(quality)] if quality else [])])
+    quality = [
+        f"{str(k).removeprefix(QUALITY_PREFIX)} {v:+.3g} past its bound"
+        for k, v in named.items()
+        if v > 0 and str(k).startswith(QUALITY_PREFIX)
+    ]
+    return "; ".join(
+        [
+            *(["misses the SLA: " + ", ".join(latency)] if latency else []),
+            *(["misses the quality SLO: " + ", ".join(quality)] if quality else []),
+        ]
+    )
 
 
 def _drawable(x: float | None, y: float | None, log_x: bool = False, log_y: bool = False) -> bool:
     """A point the plot can hold: finite, and positive on a log axis (one infinite or zero value
     stretched a real study's log axis to 1e198)."""
+
     def fits(v: float | None, log: bool) -> bool:
         return v is not None and math.isfinite(v) and (v > 0 or not log)
 
@@ -54,11 +70,20 @@ def _sla_line(fig: go.Figure, ttft_ms: float, vertical: bool) -> None:
     of 200 ms at 1e200 and stretched a real study's axis to 1e198."""
     if vertical:
         fig.add_vline(x=ttft_ms, line_dash="dash")
-        fig.add_annotation(x=math.log10(ttft_ms), y=1, yref="paper", text="SLA", showarrow=False, yanchor="bottom")
+        fig.add_annotation(
+            x=math.log10(ttft_ms), y=1, yref="paper", text="SLA", showarrow=False, yanchor="bottom"
+        )
     else:
         fig.add_hline(y=ttft_ms, line_dash="dash")
-        fig.add_annotation(x=1, xref="paper", y=math.log10(ttft_ms), text="SLA", showarrow=False, xanchor="right",
-                           yanchor="bottom")
+        fig.add_annotation(
+            x=1,
+            xref="paper",
+            y=math.log10(ttft_ms),
+            text="SLA",
+            showarrow=False,
+            xanchor="right",
+            yanchor="bottom",
+        )
 
 
 def _log_range(values: list[float]) -> list[float] | None:
@@ -80,29 +105,65 @@ def _hover(t: FrozenTrial) -> str:
     return "<br>".join(html.escape(str(line)) for line in lines)
 
 
-def pareto_figure(study: optuna.Study, scenario: Scenario, front: list[FrozenTrial], best: FrozenTrial | None) -> go.Figure:
+def pareto_figure(
+    study: optuna.Study, scenario: Scenario, front: list[FrozenTrial], best: FrozenTrial | None
+) -> go.Figure:
     every = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     done = [t for t in every if _drawable(t.values[0], t.values[1], log_x=True)]
     drawn = {t.number for t in done}
     front = [t for t in front if t.number in drawn]
     best = best if best is not None and best.number in drawn else None
     fig = go.Figure()
-    for feasible, name, marker in ((False, "misses the SLA", dict(color="#bbbbbb", symbol="x")),
-                                   (True, "meets the SLA", dict(color="#1f77b4"))):
+    for feasible, name, marker in (
+        (False, "misses the SLA", dict(color="#bbbbbb", symbol="x")),
+        (True, "meets the SLA", dict(color="#1f77b4")),
+    ):
         group = [t for t in done if is_feasible(t.constraints) == feasible]
-        fig.add_trace(go.Scatter(x=[t.values[0] for t in group], y=[t.values[1] for t in group], mode="markers",
-                                 name=name, marker=marker, text=[_hover(t) for t in group], hoverinfo="text"))
-    fig.add_trace(go.Scatter(x=[t.values[0] for t in front], y=[t.values[1] for t in front], mode="lines+markers",
-                             name="Pareto front", line=dict(shape="hv", color="#2ca02c")))
+        fig.add_trace(
+            go.Scatter(
+                x=[t.values[0] for t in group],
+                y=[t.values[1] for t in group],
+                mode="markers",
+                name=name,
+                marker=marker,
+                text=[_hover(t) for t in group],
+                hoverinfo="text",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[t.values[0] for t in front],
+            y=[t.values[1] for t in front],
+            mode="lines+markers",
+            name="Pareto front",
+            line=dict(shape="hv", color="#2ca02c"),
+        )
+    )
     if best is not None:
-        fig.add_trace(go.Scatter(x=[best.values[0]], y=[best.values[1]], mode="markers", name=f"exported (trial {best.number})",
-                                 marker=dict(size=16, symbol="star", color="#d62728"), text=[_hover(best)], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=[best.values[0]],
+                y=[best.values[1]],
+                mode="markers",
+                name=f"exported (trial {best.number})",
+                marker=dict(size=16, symbol="star", color="#d62728"),
+                text=[_hover(best)],
+                hoverinfo="text",
+            )
+        )
     _sla_line(fig, scenario.sla.ttft_p99_ms, vertical=True)
-    left_out = f" ({len(every) - len(done)} not drawn: TTFT p99 infinite or zero)" if len(done) < len(every) else ""
-    fig.update_layout(title=f"TTFT p99 against throughput, every measured trial{left_out}",
-                      xaxis_title=f"TTFT p99 (ms) at {scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}",
-                      yaxis_title=throughput_label(scenario), xaxis_type="log",
-                      xaxis_range=_log_range([t.values[0] for t in done] + [scenario.sla.ttft_p99_ms]))
+    left_out = (
+        f" ({len(every) - len(done)} not drawn: TTFT p99 infinite or zero)"
+        if len(done) < len(every)
+        else ""
+    )
+    fig.update_layout(
+        title=f"TTFT p99 against throughput, every measured trial{left_out}",
+        xaxis_title=f"TTFT p99 (ms) at {scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}",
+        yaxis_title=throughput_label(scenario),
+        xaxis_type="log",
+        xaxis_range=_log_range([t.values[0] for t in done] + [scenario.sla.ttft_p99_ms]),
+    )
     return fig
 
 
@@ -114,18 +175,37 @@ def curves_figure(front: list[FrozenTrial], scenario: Scenario) -> go.Figure | N
     drawn = [scenario.sla.ttft_p99_ms]
     for t in with_steps:
         # Steps stopped early carry partial figures: the curve uses the loads measured whole.
-        steps = sorted((s for s in t.user_attrs["capacity_steps"] if "fault" not in s
-                        and _drawable(s.get("output_tokens_per_s"), s.get("ttft_p99_ms"), log_y=True)),
-                       key=lambda s: s["rate"])
+        steps = sorted(
+            (
+                s
+                for s in t.user_attrs["capacity_steps"]
+                if "fault" not in s
+                and _drawable(s.get("output_tokens_per_s"), s.get("ttft_p99_ms"), log_y=True)
+            ),
+            key=lambda s: s["rate"],
+        )
         drawn += [s["ttft_p99_ms"] for s in steps]
-        fig.add_trace(go.Scatter(x=[s["output_tokens_per_s"] for s in steps], y=[s["ttft_p99_ms"] for s in steps],
-                                 mode="lines+markers", name=f"trial {t.number}",
-                                 text=[f"rate {s['rate']:g}, {'meets' if s['meets_sla'] else 'misses'} the SLA"
-                                       for s in steps], hoverinfo="text+x+y"))
+        fig.add_trace(
+            go.Scatter(
+                x=[s["output_tokens_per_s"] for s in steps],
+                y=[s["ttft_p99_ms"] for s in steps],
+                mode="lines+markers",
+                name=f"trial {t.number}",
+                text=[
+                    f"rate {s['rate']:g}, {'meets' if s['meets_sla'] else 'misses'} the SLA"
+                    for s in steps
+                ],
+                hoverinfo="text+x+y",
+            )
+        )
     _sla_line(fig, scenario.sla.ttft_p99_ms, vertical=False)
-    fig.update_layout(title="Latency against throughput as the load rises (the front's configs)",
-                      xaxis_title="output tok/s measured", yaxis_title="TTFT p99 (ms)", yaxis_type="log",
-                      yaxis_range=_log_range(drawn))
+    fig.update_layout(
+        title="Latency against throughput as the load rises (the front's configs)",
+        xaxis_title="output tok/s measured",
+        yaxis_title="TTFT p99 (ms)",
+        yaxis_type="log",
+        yaxis_range=_log_range(drawn),
+    )
     return fig
 
 
@@ -140,8 +220,10 @@ def _screen_outcome(t: FrozenTrial) -> str:
 SCREEN_OUTCOMES = {
     "meets": ("meets the SLA", dict(color="#1f77b4")),
     "misses": ("misses the SLA", dict(color="#ff7f0e", symbol="x")),
-    "failed": ("failed or could not run (measured nothing: drawn at 0)", dict(color="#d62728", symbol="x-thin-open",
-                                                                              size=10)),
+    "failed": (
+        "failed or could not run (measured nothing: drawn at 0)",
+        dict(color="#d62728", symbol="x-thin-open", size=10),
+    ),
 }
 
 
@@ -158,8 +240,11 @@ def screen_figure(study: optuna.Study, scenario: Scenario) -> go.Figure | None:
     """How well the simulator's picks (`--screen sim`) held up when measured for real: every
     pick, those that missed the SLA and those that failed marked apart (a chart of the
     successes alone would flatter the simulator)."""
-    screened = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-                if "screen" in t.user_attrs]
+    screened = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+        if "screen" in t.user_attrs
+    ]
     if not screened:
         return None
     fig = go.Figure()
@@ -171,14 +256,32 @@ def screen_figure(study: optuna.Study, scenario: Scenario) -> go.Figure | None:
         predicted = [t.user_attrs["screen"]["predicted_throughput"] for t in group]
         measured = [t.values[1] if outcome != "failed" else 0.0 for t in group]
         top = max([top, *predicted, *measured])
-        fig.add_trace(go.Scatter(x=predicted, y=measured, mode="markers", name=name, marker=marker,
-                                 text=[html.escape(_screen_text(t, outcome)) for t in group], hoverinfo="text+x+y"))
-    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", line_dash="dot", name="prediction = measurement"))
-    counts = {outcome: sum(_screen_outcome(t) == outcome for t in screened) for outcome in SCREEN_OUTCOMES}
-    fig.update_layout(title=f"The simulator's predictions against the real trials it picked (--screen sim): "
-                            f"{len(screened)} picks, {counts['meets']} met the SLA, {counts['misses']} missed it, "
-                            f"{counts['failed']} failed",
-                      xaxis_title=f"predicted {throughput_label(scenario)}", yaxis_title=f"measured {throughput_label(scenario)}")
+        fig.add_trace(
+            go.Scatter(
+                x=predicted,
+                y=measured,
+                mode="markers",
+                name=name,
+                marker=marker,
+                text=[html.escape(_screen_text(t, outcome)) for t in group],
+                hoverinfo="text+x+y",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[0, top], y=[0, top], mode="lines", line_dash="dot", name="prediction = measurement"
+        )
+    )
+    counts = {
+        outcome: sum(_screen_outcome(t) == outcome for t in screened) for outcome in SCREEN_OUTCOMES
+    }
+    fig.update_layout(
+        title=f"The simulator's predictions against the real trials it picked (--screen sim): "
+        f"{len(screened)} picks, {counts['meets']} met the SLA, {counts['misses']} missed it, "
+        f"{counts['failed']} failed",
+        xaxis_title=f"predicted {throughput_label(scenario)}",
+        yaxis_title=f"measured {throughput_label(scenario)}",
+    )
     return fig
 
 
@@ -190,13 +293,17 @@ def progress_figure(study: optuna.Study, scenario: Scenario) -> go.Figure:
         numbers.append(t.number)
         best.append(so_far)
     fig = go.Figure(go.Scatter(x=numbers, y=best, mode="lines", line=dict(shape="hv")))
-    fig.update_layout(title="Best SLA-feasible throughput over trials", xaxis_title="trial",
-                      yaxis_title=throughput_label(scenario))
+    fig.update_layout(
+        title="Best SLA-feasible throughput over trials",
+        xaxis_title="trial",
+        yaxis_title=throughput_label(scenario),
+    )
     return fig
 
 
 def _optuna_figures(study: optuna.Study, scenario: Scenario) -> list[go.Figure]:
     """Knob importance and parallel coordinates on the throughput objective (Optuna's own plots)."""
+
     def throughput(t: FrozenTrial) -> float:
         return t.values[1]
 
@@ -205,8 +312,13 @@ def _optuna_figures(study: optuna.Study, scenario: Scenario) -> list[go.Figure]:
         # Optuna's default evaluator (PED-ANOVA) ranks knobs by how they reach low target values:
         # high throughput is a low negative throughput.
         lambda: optuna.visualization.plot_param_importances(
-            study, target=lambda t: -throughput(t), target_name=f"{label} (what reaches the highest)"),
-        lambda: optuna.visualization.plot_parallel_coordinate(study, target=throughput, target_name=label),
+            study,
+            target=lambda t: -throughput(t),
+            target_name=f"{label} (what reaches the highest)",
+        ),
+        lambda: optuna.visualization.plot_parallel_coordinate(
+            study, target=throughput, target_name=label
+        ),
     )
     figures = []
     verbosity = optuna.logging.get_verbosity()
@@ -231,7 +343,11 @@ def _plot(figure: go.Figure) -> str:
 def _answer(best: FrozenTrial | None, scenario: Scenario) -> str:
     """The recommended config in one table: its knobs, capacity and quality, and their sources."""
     if best is None:
-        return "<p>No trial met the SLA" + (" and the quality SLO" if scenario.quality else "") + ": nothing was exported.</p>"
+        return (
+            "<p>No trial met the SLA"
+            + (" and the quality SLO" if scenario.quality else "")
+            + ": nothing was exported.</p>"
+        )
     attrs = best.user_attrs
     knobs = attrs.get("knobs", best.params)
     capacity = f"{best.values[1]:.0f} {throughput_label(scenario)}"
@@ -241,11 +357,21 @@ def _answer(best: FrozenTrial | None, scenario: Scenario) -> str:
         capacity += f"; {attrs['instances_for_peak']} instances for the peak of {scenario.load.peak_rate:g} req/s"
     slo = scenario.quality.model_dump(exclude_none=True) if scenario.quality else {}
     load = f"{scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}"
-    rows = [["knobs", f"trial {best.number}: " + ", ".join(f"{k} {knobs[k]}" for k in KNOB_COLUMNS if k in knobs)],
-            ["throughput", capacity],
-            ["TTFT p99", f"{best.values[0]:.0f} ms at {load} (SLA {scenario.sla.ttft_p99_ms:g} ms)"],
-            ["quality", describe_figures(attrs) + (f" (SLO: {', '.join(f'{k} {v:g}' for k, v in slo.items())})" if slo else "")],
-            ["quality source", attrs.get("quality_note", "-")]]
+    rows = [
+        [
+            "knobs",
+            f"trial {best.number}: "
+            + ", ".join(f"{k} {knobs[k]}" for k in KNOB_COLUMNS if k in knobs),
+        ],
+        ["throughput", capacity],
+        ["TTFT p99", f"{best.values[0]:.0f} ms at {load} (SLA {scenario.sla.ttft_p99_ms:g} ms)"],
+        [
+            "quality",
+            describe_figures(attrs)
+            + (f" (SLO: {', '.join(f'{k} {v:g}' for k, v in slo.items())})" if slo else ""),
+        ],
+        ["quality source", attrs.get("quality_note", "-")],
+    ]
     return _table(rows, ["", "the recommended config"])
 
 
@@ -255,7 +381,9 @@ def _section(title: str, body: str) -> str:
 
 def _table(rows: list[list[Any]], head: list[str]) -> str:
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
     return f"<table><tr>{cells}</tr>{body}</table>"
 
 
@@ -263,41 +391,100 @@ def build_html(study: optuna.Study, engine) -> str:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     best = best_trial(study, scenario)
     front = feasible_front(study)
-    figures = [curves_figure(front, scenario), progress_figure(study, scenario), screen_figure(study, scenario),
-               *_optuna_figures(study, scenario)]
+    figures = [
+        curves_figure(front, scenario),
+        progress_figure(study, scenario),
+        screen_figure(study, scenario),
+        *_optuna_figures(study, scenario),
+    ]
     plots = "".join(_plot(f) for f in figures if f is not None)
     trials = study.get_trials(deepcopy=False)
     started = [t.datetime_start for t in trials if t.datetime_start]
     finished = [t.datetime_complete for t in trials if t.datetime_complete]
-    span = f"{min(started):%Y-%m-%d %H:%M} to {max(finished):%Y-%m-%d %H:%M}" if started and finished else "-"
-    counts = {state.name: sum(t.state == state for t in trials) for state in (TrialState.COMPLETE, TrialState.FAIL)}
-    summary = _table([[study.study_name, len(trials), counts["COMPLETE"], counts["FAIL"], len(front), span]],
-                     ["study", "trials", "measured", "failed or could not run", "front", "ran"])
+    span = (
+        f"{min(started):%Y-%m-%d %H:%M} to {max(finished):%Y-%m-%d %H:%M}"
+        if started and finished
+        else "-"
+    )
+    counts = {
+        state.name: sum(t.state == state for t in trials)
+        for state in (TrialState.COMPLETE, TrialState.FAIL)
+    }
+    summary = _table(
+        [[study.study_name, len(trials), counts["COMPLETE"], counts["FAIL"], len(front), span]],
+        ["study", "trials", "measured", "failed or could not run", "front", "ran"],
+    )
     scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)
     ladder_head, ladder = ladder_rows(study)
     # The answer first: what to deploy, what it sustains and costs in quality, the trade-off.
-    parts = [_section("Answer", _answer(best, scenario) + "<h3>Quality ladder: what each step down in accuracy "
-                      "buys</h3>" + _table(ladder, ladder_head) + _plot(pareto_figure(study, scenario, front, best))),
-             _section("Trials", plots), _section("Study", summary + f"<pre>{html.escape(scenario_yaml)}</pre>")]
+    parts = [
+        _section(
+            "Answer",
+            _answer(best, scenario) + "<h3>Quality ladder: what each step down in accuracy "
+            "buys</h3>"
+            + _table(ladder, ladder_head)
+            + _plot(pareto_figure(study, scenario, front, best)),
+        ),
+        _section("Trials", plots),
+        _section("Study", summary + f"<pre>{html.escape(scenario_yaml)}</pre>"),
+    ]
     if best is not None:
-        exported = build_export(study.study_name, best.number, scenario.name, scenario.sla.model_dump(),
-                                study.user_attrs["identity"], trial_knobs(study, best), dict(best.user_attrs),
-                                scenario.load.peak_rate, workload=scenario.workload)
+        exported = build_export(
+            study.study_name,
+            best.number,
+            scenario.name,
+            scenario.sla.model_dump(),
+            study.user_attrs["identity"],
+            trial_knobs(study, best),
+            dict(best.user_attrs),
+            scenario.load.peak_rate,
+            workload=scenario.workload,
+        )
         shown = {k: v for k, v in exported.model_dump().items() if k != "metrics"}
-        parts.append(_section(f"Exported config: trial {best.number}",
-                              f"<pre>{html.escape(yaml.safe_dump(shown, sort_keys=False))}</pre>"))
+        parts.append(
+            _section(
+                f"Exported config: trial {best.number}",
+                f"<pre>{html.escape(yaml.safe_dump(shown, sort_keys=False))}</pre>",
+            )
+        )
     nights = night.nights(engine, study.study_name)
     if nights:
-        rows = [[f"{n.started_at:%Y-%m-%d %H:%M}", n.decision, _mean(n.incumbent, "output_tokens_per_s_mean"),
-                 _mean(n.candidate, "output_tokens_per_s_mean"), _mean(n.incumbent, "ttft_p99_ms_mean"), n.reason]
-                for n in nights]
-        parts.append(_section("Nightly re-tuning", _table(rows, ["night", "decision", "deployed tok/s",
-                                                                 "candidate tok/s", "deployed TTFT p99 ms", "reason"])))
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:4px 8px}pre{background:#f6f6f6;padding:1em;overflow:auto}")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>autotune report: {html.escape(study.study_name)}</title><style>{style}</style>"
-            f"<script>{get_plotlyjs()}</script></head><body><h1>autotune report</h1>{''.join(parts)}</body></html>")
+        rows = [
+            [
+                f"{n.started_at:%Y-%m-%d %H:%M}",
+                n.decision,
+                _mean(n.incumbent, "output_tokens_per_s_mean"),
+                _mean(n.candidate, "output_tokens_per_s_mean"),
+                _mean(n.incumbent, "ttft_p99_ms_mean"),
+                n.reason,
+            ]
+            for n in nights
+        ]
+        parts.append(
+            _section(
+                "Nightly re-tuning",
+                _table(
+                    rows,
+                    [
+                        "night",
+                        "decision",
+                        "deployed tok/s",
+                        "candidate tok/s",
+                        "deployed TTFT p99 ms",
+                        "reason",
+                    ],
+                ),
+            )
+        )
+    style = (
+        "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px}pre{background:#f6f6f6;padding:1em;overflow:auto}"
+    )
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>autotune report: {html.escape(study.study_name)}</title><style>{style}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body><h1>autotune report</h1>{''.join(parts)}</body></html>"
+    )
 
 
 def _mean(record: dict | None, key: str) -> str:
@@ -314,9 +501,13 @@ def write_pareto_png(study: optuna.Study, scenario: Scenario, path: Path) -> Non
     ax = plot_pareto_front(study, target_names=["TTFT p99 ms", throughput_label(scenario)])
     ax.axvline(scenario.sla.ttft_p99_ms, linestyle="--", color="gray")
     ax.set_xscale("log")  # trials that miss the SLA can be orders of magnitude slower
-    shown = _log_range([t.values[0] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-                       + [scenario.sla.ttft_p99_ms])
-    ax.set_xlim(10 ** shown[0], 10 ** shown[1])  # an infinite or zero TTFT must not stretch the axis
+    shown = _log_range(
+        [t.values[0] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        + [scenario.sla.ttft_p99_ms]
+    )
+    ax.set_xlim(
+        10 ** shown[0], 10 ** shown[1]
+    )  # an infinite or zero TTFT must not stretch the axis
     ax.figure.set_size_inches(8, 5)
     tmp = path.with_name(f".{path.name}.tmp.png")
     ax.figure.savefig(tmp, dpi=100, bbox_inches="tight")

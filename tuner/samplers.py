@@ -6,8 +6,8 @@ import importlib.util
 
 import optuna
 
-from search_spaces.space import SearchSpace
 from objectives.userfile import InputError
+from search_spaces.space import SearchSpace
 
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
 GP_MODULES = ("torch", "scipy")  # Optuna's GPSampler needs both, from its first fitted trial on
@@ -44,8 +44,9 @@ def describe(name: str, simulated: bool) -> str:
     return f"tpe (auto: no {gp_missing()}; {GP_HINT} for gp, which needs fewer real trials)"
 
 
-def make_sampler(name: str, seed: int, space: SearchSpace, trials: int,
-                 simulated: bool = False) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    name: str, seed: int, space: SearchSpace, trials: int, simulated: bool = False
+) -> optuna.samplers.BaseSampler:
     name = resolve(name, simulated)
     if name == "tpe":
         # constant_liar keeps parallel workers from proposing the same config.
@@ -53,13 +54,17 @@ def make_sampler(name: str, seed: int, space: SearchSpace, trials: int,
     if name == "gp":
         missing = gp_missing()
         if missing is not None:
-            raise InputError(f"--sampler gp needs PyTorch and SciPy ({missing} is missing): "
-                             f"{GP_HINT} (or pick tpe)")
+            raise InputError(
+                f"--sampler gp needs PyTorch and SciPy ({missing} is missing): "
+                f"{GP_HINT} (or pick tpe)"
+            )
         # GPSampler treats running trials as pending points, so parallel workers spread out.
         return optuna.samplers.GPSampler(seed=seed)
     if name == "nsga2":
         # Optuna's default population of 50 would leave a short study entirely random.
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, trials // 4)))
+        return optuna.samplers.NSGAIISampler(
+            seed=seed, population_size=max(4, min(50, trials // 4))
+        )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -48,7 +48,9 @@ def _advisory_locked(url: str) -> Iterator[None]:
             try:
                 yield
             finally:
-                connection.execute(text("select pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                connection.execute(
+                    text("select pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY}
+                )
     finally:
         engine.dispose()
 

@@ -44,11 +44,17 @@ class Screen:
     calibrated_on: int = 0  # real trials the profile was last fitted to
     carried: list[dict[str, Any]] = field(default_factory=list)
     record: optuna.Study | None = None  # `<study>.screen`: every simulated trial
-    quality: Any = None  # tuner.quality.QualityBook: the real study's measured figures, else the table
+    quality: Any = (
+        None  # tuner.quality.QualityBook: the real study's measured figures, else the table
+    )
 
     def attach(self, storage: optuna.storages.BaseStorage, study_name: str) -> None:
-        self.record = optuna.create_study(storage=storage, study_name=f"{study_name}.screen",
-                                          directions=list(DIRECTIONS), load_if_exists=True)
+        self.record = optuna.create_study(
+            storage=storage,
+            study_name=f"{study_name}.screen",
+            directions=list(DIRECTIONS),
+            load_if_exists=True,
+        )
         self.record.set_user_attr("screens", study_name)
 
     def propose(self, real: optuna.Study) -> None:
@@ -58,11 +64,17 @@ class Screen:
             return
         self._recalibrate(real)
         self.rounds += 1
-        sim = optuna.create_study(directions=list(DIRECTIONS), sampler=optuna.samplers.TPESampler(
-            seed=(self.seed + self.rounds) % 2**32, multivariate=True))  # numpy's seed range
+        sim = optuna.create_study(
+            directions=list(DIRECTIONS),
+            sampler=optuna.samplers.TPESampler(
+                seed=(self.seed + self.rounds) % 2**32, multivariate=True
+            ),
+        )  # numpy's seed range
         for params in _best_params(real, self.scenario, CARRIED) + self.carried:
             sim.enqueue_trial(params, skip_if_exists=True)
-        run = StudyRun(sim, self.scenario, self.space, self.runner, storage=None, quality=self.quality)
+        run = StudyRun(
+            sim, self.scenario, self.space, self.runner, storage=None, quality=self.quality
+        )
         for _ in range(self.trials_per_round):
             run_trial(run, sim.ask())
         self._keep(sim)
@@ -71,10 +83,19 @@ class Screen:
         measured = {_key(t.user_attrs.get("knobs", t.params)) for t in real.trials}
         choice = next((t for t in ranked if _key(t.user_attrs["knobs"]) not in measured), None)
         if choice is not None:
-            real.enqueue_trial(choice.params, user_attrs={"screen": {
-                "round": self.rounds, "simulated_trials": len(sim.trials), "hardware": self.runner.hardware.name,
-                "calibrated_on_trials": self.calibrated_on, "predicted_ttft_p99_ms": choice.values[0],
-                "predicted_throughput": choice.values[1]}})
+            real.enqueue_trial(
+                choice.params,
+                user_attrs={
+                    "screen": {
+                        "round": self.rounds,
+                        "simulated_trials": len(sim.trials),
+                        "hardware": self.runner.hardware.name,
+                        "calibrated_on_trials": self.calibrated_on,
+                        "predicted_ttft_p99_ms": choice.values[0],
+                        "predicted_throughput": choice.values[1],
+                    }
+                },
+            )
 
     def _recalibrate(self, real: optuna.Study) -> None:
         observations = study_observations(real)
@@ -83,17 +104,38 @@ class Screen:
             return
         make_runner = lambda profile: SimRunner(self.runner.engine, self.runner.model, profile)  # noqa: E731
         note = f"calibrated on {trials} real trials of {real.study_name}"
-        profile = fit(observations[-RECENT_LOADS:], self.scenario, self.runner.hardware, make_runner,
-                      self.calibration_iterations, note, self.seed).profile
-        self.runner = make_runner(profile.model_copy(update={"name": f"{self.runner.hardware.name.split('+')[0]}+calibrated"}))
+        profile = fit(
+            observations[-RECENT_LOADS:],
+            self.scenario,
+            self.runner.hardware,
+            make_runner,
+            self.calibration_iterations,
+            note,
+            self.seed,
+        ).profile
+        self.runner = make_runner(
+            profile.model_copy(
+                update={"name": f"{self.runner.hardware.name.split('+')[0]}+calibrated"}
+            )
+        )
         self.calibrated_on = trials
 
     def _keep(self, sim: optuna.Study) -> None:
         for t in sim.trials:
-            attrs = dict(t.user_attrs) | {"round": self.rounds, "hardware": self.runner.hardware.name}
-            self.record.add_trial(optuna.trial.create_trial(
-                state=t.state, values=t.values, params=t.params, distributions=t.distributions, user_attrs=attrs,
-                system_attrs={k: v for k, v in t.system_attrs.items() if k == "constraints"}))
+            attrs = dict(t.user_attrs) | {
+                "round": self.rounds,
+                "hardware": self.runner.hardware.name,
+            }
+            self.record.add_trial(
+                optuna.trial.create_trial(
+                    state=t.state,
+                    values=t.values,
+                    params=t.params,
+                    distributions=t.distributions,
+                    user_attrs=attrs,
+                    system_attrs={k: v for k, v in t.system_attrs.items() if k == "constraints"},
+                )
+            )
 
 
 def _key(knobs: dict[str, Any]) -> str:
@@ -102,8 +144,14 @@ def _key(knobs: dict[str, Any]) -> str:
 
 def _ranked(study: optuna.Study, scenario: Scenario) -> list[FrozenTrial]:
     """SLA-feasible trials, the pick rule's best first, then by throughput."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t.constraints)]
-    best = pick_best([(t.number, t.values[0], t.values[1]) for t in done], scenario.pick, scenario.tie_tolerance)
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if is_feasible(t.constraints)
+    ]
+    best = pick_best(
+        [(t.number, t.values[0], t.values[1]) for t in done], scenario.pick, scenario.tie_tolerance
+    )
     return sorted(done, key=lambda t: (t.number != best, -t.values[1], t.values[0]))
 
 
@@ -111,8 +159,15 @@ def _best_params(real: optuna.Study, scenario: Scenario, n: int) -> list[dict[st
     return [t.params for t in _ranked(real, scenario)[:n]]
 
 
-def plan_screen(screen: str | None, hardware: str | None, trials_per_round: int, seed: int, runner,
-                scenario: Scenario, space: SearchSpace) -> Screen | None:
+def plan_screen(
+    screen: str | None,
+    hardware: str | None,
+    trials_per_round: int,
+    seed: int,
+    runner,
+    scenario: Scenario,
+    space: SearchSpace,
+) -> Screen | None:
     """The screen a run asked for, checked before any storage is touched (attach it after)."""
     if screen is None:
         if hardware is not None:
@@ -120,14 +175,26 @@ def plan_screen(screen: str | None, hardware: str | None, trials_per_round: int,
         return None
     identity = runner.identity()
     if identity["runner"] == "sim":
-        raise InputError("--screen: the study's runner is already the simulator; screen a real runner (--runner vllm, ...)")
+        raise InputError(
+            "--screen: the study's runner is already the simulator; screen a real runner (--runner vllm, ...)"
+        )
     if identity["engine"] not in SIM_ENGINES:
-        raise InputError(f"--screen: the simulator has no scheduler model for {identity['engine']!r}; "
-                         f"it models {', '.join(SIM_ENGINES)}")
+        raise InputError(
+            f"--screen: the simulator has no scheduler model for {identity['engine']!r}; "
+            f"it models {', '.join(SIM_ENGINES)}"
+        )
     if hardware is None:
-        raise InputError("--screen-hardware: give the hardware profile to screen with (`autotune profile-hardware` "
-                         "writes one for this machine; `autotune calibrate` fits one to real trials)")
+        raise InputError(
+            "--screen-hardware: give the hardware profile to screen with (`autotune profile-hardware` "
+            "writes one for this machine; `autotune calibrate` fits one to real trials)"
+        )
     profile: HardwareProfile = load_hardware(hardware, "--screen-hardware")
     shapes = load_model(identity.get("model_path") or identity["model"])
-    return Screen(SimRunner(identity["engine"], shapes, profile), scenario, space, trials_per_round,
-                  calibration_iterations=60, seed=seed)
+    return Screen(
+        SimRunner(identity["engine"], shapes, profile),
+        scenario,
+        space,
+        trials_per_round,
+        calibration_iterations=60,
+        seed=seed,
+    )

@@ -9,7 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, select, text, update
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    create_engine,
+    select,
+    text,
+    update,
+)
 from sqlalchemy import inspect as sqlalchemy_inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
@@ -36,7 +47,7 @@ class ParetoSnapshot(Base):
     trials_total: Mapped[int] = mapped_column(Integer)
     trials_feasible: Mapped[int] = mapped_column(Integer)
     best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    members: Mapped[list["ParetoMember"]] = relationship(
+    members: Mapped[list[ParetoMember]] = relationship(
         back_populates="snapshot", cascade="all, delete-orphan", order_by="ParetoMember.ttft_p99_ms"
     )
 
@@ -81,11 +92,15 @@ def check_url(url: str, must_exist: bool = False) -> None:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise InputError(f"--storage: {url!r} is not a database URL (e.g. sqlite:///studies.db, postgresql://host/db)") from None
+        raise InputError(
+            f"--storage: {url!r} is not a database URL (e.g. sqlite:///studies.db, postgresql://host/db)"
+        ) from None
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
         if database in ("", ":memory:"):
-            raise InputError("--storage: an in-memory SQLite database would lose every trial; give a file")
+            raise InputError(
+                "--storage: an in-memory SQLite database would lose every trial; give a file"
+            )
         path = Path(database).expanduser()
         if must_exist and not path.exists():
             raise InputError(f"--storage: no database at {path} (a study writes one there first)")
@@ -100,11 +115,15 @@ def check_url(url: str, must_exist: bool = False) -> None:
         engine.dispose()
     except ImportError as error:
         hint = " (pip install 'autotune[postgres]')" if "psycopg" in str(error) else ""
-        raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: "
-                         f"the driver is not installed: {error}{hint}") from None
+        raise InputError(
+            f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: "
+            f"the driver is not installed: {error}{hint}"
+        ) from None
     except SQLAlchemyError as error:
-        raise InputError(f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: "
-                         f"{first_line(error)}") from None
+        raise InputError(
+            f"--storage: cannot open {parsed.render_as_string(hide_password=True)}: "
+            f"{first_line(error)}"
+        ) from None
 
 
 def study_name_missing(url: str, name: str) -> bool:
@@ -118,7 +137,12 @@ def study_name_missing(url: str, name: str) -> bool:
         with engine.connect() as con:
             if not sqlalchemy_inspect(con).has_table("studies"):
                 return True
-            return con.execute(text("select 1 from studies where study_name = :n"), {"n": name}).first() is None
+            return (
+                con.execute(
+                    text("select 1 from studies where study_name = :n"), {"n": name}
+                ).first()
+                is None
+            )
     finally:
         engine.dispose()
 
@@ -139,13 +163,17 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
-def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S, read_only: bool = False) -> optuna.storages.RDBStorage:
+def open_storage(
+    url: str, heartbeat_s: int = HEARTBEAT_S, read_only: bool = False
+) -> optuna.storages.RDBStorage:
     """The study storage. read_only (the commands that only read: pareto, export, report,
     history, calibrate): the database must exist and hold Optuna's tables, and nothing is
     created in it, ours included; a command that fails there has changed nothing."""
     check_url(url, must_exist=read_only)
-    if read_only and not OPTUNA_TABLES <= _tables(url):
-        raise InputError(f"--storage: {url} holds no Optuna studies (no {' or '.join(sorted(OPTUNA_TABLES))} table)")
+    if read_only and not _tables(url) >= OPTUNA_TABLES:
+        raise InputError(
+            f"--storage: {url} holds no Optuna studies (no {' or '.join(sorted(OPTUNA_TABLES))} table)"
+        )
 
     def give_back_slot(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         release_claim(storage, study.study_name)
@@ -177,7 +205,9 @@ def has_table(engine, table: str) -> bool:
 def save_snapshot(
     storage: optuna.storages.RDBStorage,
     study_name: str,
-    front: list[tuple[optuna.trial.FrozenTrial, dict[str, Any]]],  # each member and the knobs it ran with
+    front: list[
+        tuple[optuna.trial.FrozenTrial, dict[str, Any]]
+    ],  # each member and the knobs it ran with
     trials_total: int,
     trials_feasible: int,
     best_trial: int | None,
@@ -219,7 +249,9 @@ def latest_snapshot(storage: optuna.storages.RDBStorage, study_name: str) -> Par
         return snapshot
 
 
-def ensure_budget(storage: optuna.storages.RDBStorage, study_name: str, existing_trials: int) -> None:
+def ensure_budget(
+    storage: optuna.storages.RDBStorage, study_name: str, existing_trials: int
+) -> None:
     try:
         with Session(storage.engine) as session, session.begin():
             session.add(TrialBudget(study_name=study_name, claimed=existing_trials))
@@ -239,7 +271,9 @@ def claim_trial(storage: optuna.storages.RDBStorage, study_name: str, total: int
 def release_claim(storage: optuna.storages.RDBStorage, study_name: str) -> None:
     with Session(storage.engine) as session, session.begin():
         session.execute(
-            update(TrialBudget).where(TrialBudget.study_name == study_name).values(claimed=TrialBudget.claimed - 1)
+            update(TrialBudget)
+            .where(TrialBudget.study_name == study_name)
+            .values(claimed=TrialBudget.claimed - 1)
         )
 
 
@@ -269,20 +303,30 @@ class NightlyLock(Base):
     beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-def load_study(storage: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
+def load_study(
+    storage: str, study_name: str | None
+) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
     """An existing study by name (or the only one in the storage), for the commands that read one."""
     rdb = open_storage(storage, read_only=True)
     summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     names = [s.study_name for s in summaries]
-    if study_name is None:  # the simulated trials a `--screen` run keeps beside a study are not a choice
+    if (
+        study_name is None
+    ):  # the simulated trials a `--screen` run keeps beside a study are not a choice
         tuned = [s.study_name for s in summaries if "screens" not in s.user_attrs]
         if len(tuned) != 1:
-            raise InputError(f"--study: give one of: {', '.join(tuned) or '(no study in this storage)'}")
+            raise InputError(
+                f"--study: give one of: {', '.join(tuned) or '(no study in this storage)'}"
+            )
         study_name = tuned[0]
     if study_name not in names:
-        raise InputError(f"--study: no study {study_name!r} in {storage}; studies: {', '.join(names) or 'none'}")
+        raise InputError(
+            f"--study: no study {study_name!r} in {storage}; studies: {', '.join(names) or 'none'}"
+        )
     study = optuna.load_study(study_name=study_name, storage=rdb)
     if "scenario" not in study.user_attrs:  # every study autotune runs records its scenario first
-        raise InputError(f"--study {study_name}: not an autotune study (it records no scenario); "
-                         "autotune reads only the studies it ran")
+        raise InputError(
+            f"--study {study_name}: not an autotune study (it records no scenario); "
+            "autotune reads only the studies it ran"
+        )
     return study, rdb

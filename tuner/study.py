@@ -5,46 +5,67 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import warnings
 import time
+import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
-from objectives.scoring import (DIRECTIONS, constraint_values, is_feasible, objective_names, objective_values,
-                                pick_best, quality_constraint_values)
+from objectives.scoring import (
+    DIRECTIONS,
+    constraint_values,
+    is_feasible,
+    objective_names,
+    objective_values,
+    pick_best,
+    quality_constraint_values,
+)
+from objectives.userfile import InputError, first_line
 from runners.base import Runner
 from runners.capacity import evaluate
-from runners.sim.calibration import METRICS, Observation
 from runners.measurement import Fault
+from runners.sim.calibration import METRICS, Observation
 from search_spaces.space import SearchSpace
-from objectives.userfile import InputError, first_line
-from tuner.quality import QualityBook, default_book, trial_figures
 from tuner.console import err
 from tuner.interrupts import interrupts_deferred
+from tuner.quality import QualityBook, default_book, trial_figures
 from tuner.storage import claim_trial, ensure_budget, release_claim, save_snapshot
-
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 # What a trial's numbers depend on: a study keeps them, and refuses a scenario that changed them.
 SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance", "quality")
 CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization's key
-MEASURED_BY = ("runner", "engine", "model")  # of a study's identity: what its trials were measured with
+MEASURED_BY = (
+    "runner",
+    "engine",
+    "model",
+)  # of a study's identity: what its trials were measured with
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
-    return ".".join([scenario.name, identity["runner"], identity["engine"], identity["model"], identity["hardware"]])
+    return ".".join(
+        [
+            scenario.name,
+            identity["runner"],
+            identity["engine"],
+            identity["model"],
+            identity["hardware"],
+        ]
+    )
 
 
 @dataclass
 class TrialReport:
     number: int
     config: dict[str, Any]
-    status: str  # "feasible", "violates-sla" (the latency SLA or the quality SLO), "infeasible", "fail"
+    status: (
+        str  # "feasible", "violates-sla" (the latency SLA or the quality SLO), "infeasible", "fail"
+    )
     values: tuple[float, float] | None = None
     reason: str = ""
 
@@ -58,7 +79,9 @@ class StudyRun:
     storage: optuna.storages.RDBStorage | None
     reports: list[TrialReport] = field(default_factory=list)
     screen: Any = None  # tuner.screen.Screen: the simulator proposes each trial's config
-    quality: QualityBook | None = None  # each trial's quality figure (default: the runner's model's shipped table)
+    quality: QualityBook | None = (
+        None  # each trial's quality figure (default: the runner's model's shipped table)
+    )
 
     def __post_init__(self):
         if self.quality is None:
@@ -71,12 +94,16 @@ def _check_identity(name: str, recorded: dict[str, str] | None, current: dict[st
     A real engine's hardware is a label, by default each host's name: workers on several hosts
     of one kind share a study, so it is not compared."""
     keys = MEASURED_BY + (("hardware",) if current["runner"] == "sim" else ())
-    changed = [key for key in keys if recorded is not None and recorded.get(key) != current.get(key)]
+    changed = [
+        key for key in keys if recorded is not None and recorded.get(key) != current.get(key)
+    ]
     if changed:
         was = ", ".join(f"{key} {recorded.get(key)}" for key in changed)
         now = ", ".join(f"{key} {current.get(key)}" for key in changed)
-        raise InputError(f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
-                         "compared, so give a new --study name")
+        raise InputError(
+            f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
+            "compared, so give a new --study name"
+        )
 
 
 def _recorded_scenario(study: optuna.Study) -> dict[str, Any] | None:
@@ -84,7 +111,9 @@ def _recorded_scenario(study: optuna.Study) -> dict[str, Any] | None:
     recorded (one the user never set) does not read as a change."""
     recorded = study.user_attrs.get("scenario")
     try:
-        return None if recorded is None else Scenario.model_validate(recorded).model_dump(mode="json")
+        return (
+            None if recorded is None else Scenario.model_validate(recorded).model_dump(mode="json")
+        )
     except ValueError:
         return recorded
 
@@ -92,7 +121,9 @@ def _recorded_scenario(study: optuna.Study) -> dict[str, Any] | None:
 def constraint_names(scenario: Scenario) -> list[str]:
     """The names of a trial's constraints under this scenario, in their stored order."""
     measured = {"ttft_p99_ms": 0.0, "tpot_p99_ms": 0.0, "success_rate": 1.0}
-    return list(constraint_values(measured, scenario.sla) | quality_constraint_values({}, scenario.quality))
+    return list(
+        constraint_values(measured, scenario.sla) | quality_constraint_values({}, scenario.quality)
+    )
 
 
 def _check_constraint_names(name: str, study: optuna.Study, scenario: Scenario) -> None:
@@ -102,21 +133,38 @@ def _check_constraint_names(name: str, study: optuna.Study, scenario: Scenario) 
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         named = trial.user_attrs.get("sla_constraints")
         if named is not None and list(named) != expected:
-            raise InputError(f"--study {name}: its trials carry the constraints {', '.join(named)}, not "
-                             f"{', '.join(expected)} (made by an older autotune); give a new --study name")
+            raise InputError(
+                f"--study {name}: its trials carry the constraints {', '.join(named)}, not "
+                f"{', '.join(expected)} (made by an older autotune); give a new --study name"
+            )
         return
 
 
-def create_study(storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler,
-                 scenario: Scenario, identity: dict[str, str]) -> optuna.Study:
+def create_study(
+    storage: optuna.storages.BaseStorage,
+    name: str,
+    sampler: optuna.samplers.BaseSampler,
+    scenario: Scenario,
+    identity: dict[str, str],
+) -> optuna.Study:
     study = optuna.create_study(
-        storage=storage, study_name=name, sampler=sampler, directions=list(DIRECTIONS), load_if_exists=True
+        storage=storage,
+        study_name=name,
+        sampler=sampler,
+        directions=list(DIRECTIONS),
+        load_if_exists=True,
     )
     recorded, current = _recorded_scenario(study), scenario.model_dump(mode="json")
-    changed = [key for key in SCENARIO_MEASURES if recorded is not None and recorded.get(key) != current[key]]
+    changed = [
+        key
+        for key in SCENARIO_MEASURES
+        if recorded is not None and recorded.get(key) != current[key]
+    ]
     if changed:
-        raise InputError(f"--study {name}: its trials were measured under another scenario ({', '.join(changed)} "
-                         "changed), so they cannot be compared; give a new --study name")
+        raise InputError(
+            f"--study {name}: its trials were measured under another scenario ({', '.join(changed)} "
+            "changed), so they cannot be compared; give a new --study name"
+        )
     _check_identity(name, study.user_attrs.get("identity"), identity)
     _check_constraint_names(name, study, scenario)
     study.set_user_attr("scenario", current)
@@ -141,10 +189,14 @@ def beating(beat: Callable[[], None], every_s: float, name: str):
         while not stop.wait(every_s):
             try:
                 beat()
-            except Exception as error:  # noqa: BLE001 - any failure is logged and retried
+            except Exception as error:
                 if not failing:
-                    err.print(f"autotune: warning: {name} failed ({first_line(error)}); retrying every {every_s:g} s",
-                              markup=False, highlight=False, soft_wrap=True)
+                    err.print(
+                        f"autotune: warning: {name} failed ({first_line(error)}); retrying every {every_s:g} s",
+                        markup=False,
+                        highlight=False,
+                        soft_wrap=True,
+                    )
                 failing = True
             else:
                 if failing:
@@ -164,12 +216,19 @@ def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
     """Keep the trial's heartbeat while it runs: if this process dies, the next one to open
     the study sees the heartbeat stop and fails the trial (Optuna's stale-trial check)."""
     storage.record_heartbeat(trial._trial_id)
-    return beating(lambda: storage.record_heartbeat(trial._trial_id), storage.get_heartbeat_interval(),
-                   f"the heartbeat of trial {trial.number}")
+    return beating(
+        lambda: storage.record_heartbeat(trial._trial_id),
+        storage.get_heartbeat_interval(),
+        f"the heartbeat of trial {trial.number}",
+    )
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None = None,
-          state: TrialState | None = None) -> None:
+def _tell(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    values: list[float] | None = None,
+    state: TrialState | None = None,
+) -> None:
     try:
         study.tell(trial, values, state=state)
     except RuntimeError as error:
@@ -199,7 +258,9 @@ def record_constraints(trial: optuna.Trial, constraints: dict[str, float]) -> No
     """The SLA as Optuna's trial constraints, in the list form of the `constraints` system
     attribute: every sampler and `best_trials` read it, and so does optuna-dashboard 0.21, which
     knows nothing of `set_constraint`'s per-key form. The names stay in `sla_constraints`."""
-    trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, list(constraints.values()))
+    trial.storage.set_trial_system_attr(
+        trial._trial_id, CONSTRAINTS_ATTR, list(constraints.values())
+    )
     trial.set_user_attr("sla_constraints", constraints)
 
 
@@ -228,13 +289,21 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     if values is None:
         first = evaluation.extra.get("first_error")
         why = f"; first error: {first}" if first else ""
-        return _fail(run.study, trial, config, Fault("error", f"no request succeeded at the nominal rate: no TTFT or "
-                                                              f"throughput to report{why}"))
+        return _fail(
+            run.study,
+            trial,
+            config,
+            Fault(
+                "error",
+                f"no request succeeded at the nominal rate: no TTFT or throughput to report{why}",
+            ),
+        )
     quality = run.quality.trial_attrs(config)
     for key, value in quality.items():
         trial.set_user_attr(key, value)
-    constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(trial_figures(quality),
-                                                                                       scenario.quality)
+    constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(
+        trial_figures(quality), scenario.quality
+    )
     record_constraints(trial, constraints)
     status = "feasible" if is_feasible(constraints) else "violates-sla"
     trial.set_user_attr("status", status)
@@ -249,15 +318,25 @@ def _end_interrupted(run: StudyRun, trial: optuna.Trial | None) -> None:
     if trial is None:
         release_claim(run.storage, run.study.study_name)
     elif trial.storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-        _fail(run.study, trial, trial.user_attrs.get("knobs", {}), Fault("interrupted", "interrupted by the user"))
+        _fail(
+            run.study,
+            trial,
+            trial.user_attrs.get("knobs", {}),
+            Fault("interrupted", "interrupted by the user"),
+        )
 
 
 def _running(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
 
-def optimize(run: StudyRun, trials: int, timeout_s: float | None,
-             on_trial: Callable[[TrialReport], None] = lambda report: None, study_total: int | None = None) -> None:
+def optimize(
+    run: StudyRun,
+    trials: int,
+    timeout_s: float | None,
+    on_trial: Callable[[TrialReport], None] = lambda report: None,
+    study_total: int | None = None,
+) -> None:
     """Run up to `trials` trials. With `study_total`, all workers of the study together run
     exactly that many: each claims a slot first, and a worker that finds none left waits for
     the others' running trials, since a dead worker's trial is failed and its slot given back."""
@@ -305,11 +384,19 @@ def study_observations(study: optuna.Study) -> list[Observation]:
     observations = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = trial.user_attrs
-        steps = attrs.get("capacity_steps") or [{"rate": scenario.nominal_rate, **{k: attrs.get(k) for k in METRICS}}]
+        steps = attrs.get("capacity_steps") or [
+            {"rate": scenario.nominal_rate, **{k: attrs.get(k) for k in METRICS}}
+        ]
         for step in steps:
-            measured = {k: float(step[k]) for k in METRICS if step.get(k) is not None and step[k] > 0}
+            measured = {
+                k: float(step[k]) for k in METRICS if step.get(k) is not None and step[k] > 0
+            }
             if "fault" not in step and measured:
-                observations.append(Observation(trial.number, trial_knobs(study, trial), float(step["rate"]), measured))
+                observations.append(
+                    Observation(
+                        trial.number, trial_knobs(study, trial), float(step["rate"]), measured
+                    )
+                )
     return observations
 
 
@@ -321,7 +408,9 @@ def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
 
 def best_trial(study: optuna.Study, scenario: Scenario) -> FrozenTrial | None:
     front = feasible_front(study)
-    key = pick_best([(t.number, t.values[0], t.values[1]) for t in front], scenario.pick, scenario.tie_tolerance)
+    key = pick_best(
+        [(t.number, t.values[0], t.values[1]) for t in front], scenario.pick, scenario.tie_tolerance
+    )
     return None if key is None else next(t for t in front if t.number == key)
 
 
@@ -331,4 +420,11 @@ def snapshot(study: optuna.Study, scenario: Scenario, storage: optuna.storages.R
     best = best_trial(study, scenario)
     feasible = sum(1 for t in done if is_feasible(t.constraints))
     members = [(t, trial_knobs(study, t)) for t in front]
-    return save_snapshot(storage, study.study_name, members, len(study.trials), feasible, best.number if best else None)
+    return save_snapshot(
+        storage,
+        study.study_name,
+        members,
+        len(study.trials),
+        feasible,
+        best.number if best else None,
+    )

@@ -17,8 +17,9 @@ says so. The simulator is a discrete-event model, too rough at the edges for gra
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import optuna
@@ -46,7 +47,9 @@ FREE = {
 # fidelity test's held-out config: 0.1 (near L1, a kinked surface for TPE) left TTFT p50 35% off,
 # 0.5 and 1.0 5-11%.
 SOFT_L1_SCALE = 0.5
-MISS_RATIO = 10.0  # a metric the simulator cannot produce (a failed or empty load) counts as 10x off
+MISS_RATIO = (
+    10.0  # a metric the simulator cannot produce (a failed or empty load) counts as 10x off
+)
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,16 @@ def simulate(runner, scenario: Scenario, observation: Observation) -> dict[str, 
 
 def soft_l1(log_ratio: float) -> float:
     """2 s^2 (sqrt(1 + (x / s)^2) - 1): x^2 near zero, 2 s |x| far from it; smooth, never flat."""
-    return 2 * SOFT_L1_SCALE ** 2 * (math.sqrt(1 + (log_ratio / SOFT_L1_SCALE) ** 2) - 1)
+    return 2 * SOFT_L1_SCALE**2 * (math.sqrt(1 + (log_ratio / SOFT_L1_SCALE) ** 2) - 1)
 
 
 def loss(rows: list[dict[str, Any]]) -> float:
     """The fit's loss over error_rows: mean soft-L1 of log(simulated / measured), FITTED metrics."""
-    terms = [soft_l1(math.log(r["simulated"] / r["measured"] if r["simulated"] else MISS_RATIO))
-             for r in rows if r["metric"] in FITTED]
+    terms = [
+        soft_l1(math.log(r["simulated"] / r["measured"] if r["simulated"] else MISS_RATIO))
+        for r in rows
+        if r["metric"] in FITTED
+    ]
     return float(np.mean(terms)) if terms else 0.0
 
 
@@ -85,9 +91,12 @@ def fitted_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {key: value[0] for key, value in error_summary(rows).items() if key in FITTED}
 
 
-def with_figures(base: HardwareProfile, values: dict[str, float], note: str,
-                 source: str = "calibrated") -> HardwareProfile:
-    return base.model_copy(update={key: Figure(value=value, source=source, note=note) for key, value in values.items()})
+def with_figures(
+    base: HardwareProfile, values: dict[str, float], note: str, source: str = "calibrated"
+) -> HardwareProfile:
+    return base.model_copy(
+        update={key: Figure(value=value, source=source, note=note) for key, value in values.items()}
+    )
 
 
 class Fitted(NamedTuple):
@@ -99,13 +108,24 @@ class Fitted(NamedTuple):
 
 def _worse_than(start: dict[str, float], errors: dict[str, float]) -> dict[str, float]:
     """One constraint per fitted metric, <= 0 when its median error is no worse than the start's."""
-    return {key: 0.0 if errors.get(key, math.inf) <= value else min(errors.get(key, math.inf) - value, 1e9)
-            for key, value in start.items()}
+    return {
+        key: 0.0
+        if errors.get(key, math.inf) <= value
+        else min(errors.get(key, math.inf) - value, 1e9)
+        for key, value in start.items()
+    }
 
 
-def fit(observations: list[Observation], scenario: Scenario, base: HardwareProfile,
-        make_runner: Callable[[HardwareProfile], Any], iterations: int, note: str, seed: int = 0,
-        progress: Callable[[int, float], None] = lambda done, best: None) -> Fitted:
+def fit(
+    observations: list[Observation],
+    scenario: Scenario,
+    base: HardwareProfile,
+    make_runner: Callable[[HardwareProfile], Any],
+    iterations: int,
+    note: str,
+    seed: int = 0,
+    progress: Callable[[int, float], None] = lambda done, best: None,
+) -> Fitted:
     """The calibrated profile (the start itself when nothing beats it), the loss before and after."""
 
     def score(profile: HardwareProfile) -> tuple[float, dict[str, float]]:
@@ -115,23 +135,38 @@ def fit(observations: list[Observation], scenario: Scenario, base: HardwareProfi
     loss_before, start_errors = score(base)
 
     def objective(trial: optuna.Trial) -> float:
-        values = {key: trial.suggest_float(key, low, high, log=True) for key, (low, high) in FREE.items()}
+        values = {
+            key: trial.suggest_float(key, low, high, log=True) for key, (low, high) in FREE.items()
+        }
         value, errors = score(with_figures(base, values, note))
         for key, excess in _worse_than(start_errors, errors).items():
             trial.set_constraint(key, excess)
         return value
 
-    start = {key: min(max(getattr(base, key).value if getattr(base, key) else low, low), high)
-             for key, (low, high) in FREE.items()}
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(20, iterations // 4))
+    start = {
+        key: min(max(getattr(base, key).value if getattr(base, key) else low, low), high)
+        for key, (low, high) in FREE.items()
+    }
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, n_startup_trials=min(20, iterations // 4)
+    )
     study = optuna.create_study(direction="minimize", sampler=sampler)
     study.enqueue_trial(start)
 
     def kept() -> list[optuna.trial.FrozenTrial]:
-        return [t for t in study.trials if t.value is not None and all(v <= 0 for v in t.constraints.values())]
+        return [
+            t
+            for t in study.trials
+            if t.value is not None and all(v <= 0 for v in t.constraints.values())
+        ]
 
-    study.optimize(objective, n_trials=iterations,
-                   callbacks=[lambda s, t: progress(len(s.trials), min([loss_before, *(k.value for k in kept())]))])
+    study.optimize(
+        objective,
+        n_trials=iterations,
+        callbacks=[
+            lambda s, t: progress(len(s.trials), min([loss_before, *(k.value for k in kept())]))
+        ],
+    )
     best = min(kept(), key=lambda t: t.value, default=None)
     if best is None or best.value >= loss_before:
         return Fitted(base, loss_before, loss_before, kept_start=True)
@@ -144,21 +179,35 @@ def split_held_out(observations: list[Observation]) -> tuple[list[Observation], 
     trials = sorted({o.trial for o in observations})
     if len(trials) > 1:
         held = set(trials[1::2])
-        return [o for o in observations if o.trial not in held], [o for o in observations if o.trial in held]
+        return [o for o in observations if o.trial not in held], [
+            o for o in observations if o.trial in held
+        ]
     return observations[0::2], observations[1::2]
 
 
-def error_rows(observation: Observation, predicted: dict[str, float | None]) -> list[dict[str, Any]]:
+def error_rows(
+    observation: Observation, predicted: dict[str, float | None]
+) -> list[dict[str, Any]]:
     """Per measured metric of one observation: the prediction, the measurement and the signed % error."""
     rows = []
     for key, real in observation.measured.items():
         guess = predicted.get(key)
-        rows.append({"trial": observation.trial, "rate": observation.rate, "metric": key, "simulated": guess,
-                     "measured": real, "error_pct": None if guess is None else 100.0 * (guess - real) / real})
+        rows.append(
+            {
+                "trial": observation.trial,
+                "rate": observation.rate,
+                "metric": key,
+                "simulated": guess,
+                "measured": real,
+                "error_pct": None if guess is None else 100.0 * (guess - real) / real,
+            }
+        )
     return rows
 
 
-def error_table(observations: list[Observation], scenario: Scenario, runner) -> list[dict[str, Any]]:
+def error_table(
+    observations: list[Observation], scenario: Scenario, runner
+) -> list[dict[str, Any]]:
     """Per observation and metric: simulated, measured and the signed % error."""
     return [row for o in observations for row in error_rows(o, simulate(runner, scenario, o))]
 
@@ -168,7 +217,11 @@ def error_summary(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float, i
     the simulator could not produce counts as infinitely wrong)."""
     out = {}
     for key in METRICS:
-        errors = [math.inf if r["error_pct"] is None else abs(r["error_pct"]) for r in rows if r["metric"] == key]
+        errors = [
+            math.inf if r["error_pct"] is None else abs(r["error_pct"])
+            for r in rows
+            if r["metric"] == key
+        ]
         if errors:
             out[key] = (float(np.median(errors)), float(max(errors)), len(errors))
     return out

@@ -26,11 +26,23 @@ class CostModel:
     def __post_init__(self):
         hw, m = self.hardware, self.model
         embeddings = m.params_lm_head * (1 if m.tied_embeddings else 2)
-        object.__setattr__(self, "weight_bytes", m.params_body * WEIGHT_BYTES[self.quantization] + embeddings * EMBEDDING_BYTES)
+        object.__setattr__(
+            self,
+            "weight_bytes",
+            m.params_body * WEIGHT_BYTES[self.quantization] + embeddings * EMBEDDING_BYTES,
+        )
         # Decode reads the body and the LM head, not the input embedding (a gather).
-        object.__setattr__(self, "weight_read_bytes", m.params_body * WEIGHT_BYTES[self.quantization] + m.params_lm_head * EMBEDDING_BYTES)
+        object.__setattr__(
+            self,
+            "weight_read_bytes",
+            m.params_body * WEIGHT_BYTES[self.quantization] + m.params_lm_head * EMBEDDING_BYTES,
+        )
         object.__setattr__(self, "kv_bytes_per_token", m.kv_bytes_per_token_bf16 * self.kv_ratio)
-        peak = (hw.int8_tops if self.quantization == "w8a8" else hw.bf16_tflops).value * 1e12 * hw.mfu.value
+        peak = (
+            (hw.int8_tops if self.quantization == "w8a8" else hw.bf16_tflops).value
+            * 1e12
+            * hw.mfu.value
+        )
         slowdown = 1 + hw.dequant_overhead.value if self.quantization in ("w8a16", "w4a16") else 1.0
         object.__setattr__(self, "flops_per_s", peak / slowdown)
         object.__setattr__(self, "bytes_per_s", hw.bandwidth_tbs.value * 1e12 * hw.mbu.value)
@@ -44,8 +56,13 @@ class CostModel:
     def kv_capacity_tokens(self, step_tokens: int) -> int:
         """Tokens of KV cache that fit beside weights and activations; negative when those don't."""
         hw = self.hardware
-        usable = hw.memory_gb.value * GB * hw.memory_fraction.value - hw.runtime_reserve_gb.value * GB
-        return int((usable - self.weight_bytes - self.activation_bytes(step_tokens)) // self.kv_bytes_per_token)
+        usable = (
+            hw.memory_gb.value * GB * hw.memory_fraction.value - hw.runtime_reserve_gb.value * GB
+        )
+        return int(
+            (usable - self.weight_bytes - self.activation_bytes(step_tokens))
+            // self.kv_bytes_per_token
+        )
 
     def step_seconds(
         self,
@@ -68,7 +85,9 @@ class CostModel:
         compute += self.attn_flops_per_pair * (prefill_pairs + decode_context) / self.flops_per_s
         kv_bytes = self.kv_bytes_per_token * (decode_context + prefill_prefix + prefill_tokens)
         memory = (self.weight_read_bytes + kv_bytes) / self.bytes_per_s
-        overhead = hw.decode_step_overhead_ms.value + hw.per_sequence_overhead_ms.value * (prefill_seqs + decode_seqs)
+        overhead = hw.decode_step_overhead_ms.value + hw.per_sequence_overhead_ms.value * (
+            prefill_seqs + decode_seqs
+        )
         if prefill_tokens:
             overhead += hw.prefill_step_overhead_ms.value
         return max(compute, memory) + overhead / 1000

@@ -42,8 +42,15 @@ class Scheduler:
 
 
 class Simulation:
-    def __init__(self, cost: CostModel, scheduler: Scheduler, requests: Requests, kv_blocks: int, block_tokens: int,
-                 ttft_bound_s: float | None = None):
+    def __init__(
+        self,
+        cost: CostModel,
+        scheduler: Scheduler,
+        requests: Requests,
+        kv_blocks: int,
+        block_tokens: int,
+        ttft_bound_s: float | None = None,
+    ):
         self.cost, self.sched, self.bs = cost, scheduler, block_tokens
         # Early rejection as the load generator does it: stop once the TTFT p99 bound is certainly broken.
         latency = cost.hardware.request_latency_ms
@@ -78,8 +85,14 @@ class Simulation:
         self.ctx_sum = 0
         self.done = 0
         self.decode_waste = 0.0
-        self.stats = {"steps": 0, "prefill_steps": 0, "preemptions": 0, "max_running": 0,
-                      "max_prefill_seqs": 0, "max_step_tokens": 0}
+        self.stats = {
+            "steps": 0,
+            "prefill_steps": 0,
+            "preemptions": 0,
+            "max_running": 0,
+            "max_prefill_seqs": 0,
+            "max_step_tokens": 0,
+        }
         # When a list: one (kind, prefill seqs, prefill tokens, decoding seqs, waiting) per step.
         self.trace: list[tuple[str, int, int, int, int]] | None = None
 
@@ -145,19 +158,26 @@ class Simulation:
         """Request i finished its prefill at self.t and produced a token."""
         if math.isnan(self.first[i]):
             self.first[i] = self.t
-            if self.ttft_bound_s is not None and self.t + self.latency_s - self.send[i] > self.ttft_bound_s:
+            if (
+                self.ttft_bound_s is not None
+                and self.t + self.latency_s - self.send[i] > self.ttft_bound_s
+            ):
                 self.late += 1
         self.remaining[i] -= 1
         if self.remaining[i] == 0:
             self._finish(i)
             return
         self.decoding[i] = None
-        self.stats["max_running"] = max(self.stats["max_running"], len(self.decoding) + len(self.prefilling))
+        self.stats["max_running"] = max(
+            self.stats["max_running"], len(self.decoding) + len(self.prefilling)
+        )
         self.g0[i], self.ctx0[i] = self.G, self.prompt[i] + 1
         self.ctx_sum += self.ctx0[i]
         v = self.version[i]
         heapq.heappush(self.finish_heap, (self.G + self.remaining[i], i, v))
-        heapq.heappush(self.block_heap, (self.G + self.blocks[i] * self.bs - self.ctx0[i] + 1, i, v))
+        heapq.heappush(
+            self.block_heap, (self.G + self.blocks[i] * self.bs - self.ctx0[i] + 1, i, v)
+        )
 
     def _finish(self, i: int) -> None:
         self.finish[i] = self.t
@@ -179,7 +199,9 @@ class Simulation:
             self._finish(i)
 
     # --- steps ----------------------------------------------------------------------------
-    def _pick_prefills(self, budget: float, seats: int, limit: int, alone_ok: bool = True) -> list[int]:
+    def _pick_prefills(
+        self, budget: float, seats: int, limit: int, alone_ok: bool = True
+    ) -> list[int]:
         batch, tokens = [], 0
         while self.waiting and len(batch) < min(seats, limit):
             i = self.waiting[0]
@@ -196,7 +218,9 @@ class Simulation:
             tokens += self.prompt[i]
         return batch
 
-    def _advance(self, seconds: float, decodes: bool, prefill_seqs: int = 0, prefill_tokens: int = 0) -> None:
+    def _advance(
+        self, seconds: float, decodes: bool, prefill_seqs: int = 0, prefill_tokens: int = 0
+    ) -> None:
         self.t += seconds
         stats = self.stats
         stats["steps"] += 1
@@ -204,7 +228,9 @@ class Simulation:
         if prefill_seqs:
             stats["prefill_steps"] += 1
             stats["max_prefill_seqs"] = max(stats["max_prefill_seqs"], prefill_seqs)
-            stats["max_step_tokens"] = max(stats["max_step_tokens"], prefill_tokens + (decoding if decodes else 0))
+            stats["max_step_tokens"] = max(
+                stats["max_step_tokens"], prefill_tokens + (decoding if decodes else 0)
+            )
         stats["max_running"] = max(stats["max_running"], len(self.decoding) + len(self.prefilling))
         if self.trace is not None:
             kind = "prefill" if prefill_seqs else "decode"
@@ -224,7 +250,9 @@ class Simulation:
     def _prefill_step(self, batch: list[int]) -> None:
         tokens = sum(self.prompt[i] for i in batch)
         pairs = sum(self.prompt[i] * (self.prompt[i] + 1) / 2 for i in batch)
-        self._advance(self.cost.step_seconds(tokens, pairs, 0, len(batch), 0, 0), False, len(batch), tokens)
+        self._advance(
+            self.cost.step_seconds(tokens, pairs, 0, len(batch), 0, 0), False, len(batch), tokens
+        )
         for i in batch:
             self._first_token(i)
 
@@ -263,8 +291,9 @@ class Simulation:
         s = self.sched
         self._grow_blocks()
         seats = s.max_batch - len(self.decoding)
-        batch = self._pick_prefills(s.max_prefill_tokens - len(self.decoding), seats, seats,
-                                    alone_ok=not self.decoding)
+        batch = self._pick_prefills(
+            s.max_prefill_tokens - len(self.decoding), seats, seats, alone_ok=not self.decoding
+        )
         if not batch and not self.decoding:
             return
         tokens = sum(self.prompt[i] for i in batch)
@@ -328,6 +357,9 @@ class Simulation:
             extra=dict(self.stats),
         )
         if early_rejected:
-            m.fault = Fault("sla-violated", f"TTFT p99 bound {self.ttft_bound_s * 1000:g} ms certainly broken: "
-                            f"{self.late} of {len(self.prompt)} planned requests already exceeded it")
+            m.fault = Fault(
+                "sla-violated",
+                f"TTFT p99 bound {self.ttft_bound_s * 1000:g} ms certainly broken: "
+                f"{self.late} of {len(self.prompt)} planned requests already exceeded it",
+            )
         return m

@@ -48,8 +48,15 @@ class ModelProfile:
 
 
 QWEN2_7B = ModelProfile(
-    name="qwen2-7b", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
-    intermediate=18944, vocab=152064, max_context=32768,  # Qwen2-7B-Instruct's config.json
+    name="qwen2-7b",
+    layers=28,
+    hidden=3584,
+    heads=28,
+    kv_heads=4,
+    head_dim=128,
+    intermediate=18944,
+    vocab=152064,
+    max_context=32768,  # Qwen2-7B-Instruct's config.json
 )
 BUILTIN_MODELS = {QWEN2_7B.name: QWEN2_7B}
 
@@ -69,8 +76,9 @@ def load_model(name_or_dir: str) -> ModelProfile:
     try:
         cfg = transformers().AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
-        raise InputError(f"{path / 'config.json'}: not a model config transformers can read: "
-                         f"{first_line(error)}") from None
+        raise InputError(
+            f"{path / 'config.json'}: not a model config transformers can read: {first_line(error)}"
+        ) from None
     heads = cfg.num_attention_heads
     return ModelProfile(
         name=path.name.lower(),
@@ -91,7 +99,9 @@ class Figure(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     value: PositiveFloat
-    source: Literal["measured", "assumed", "calibrated"]  # calibrated: fitted to real trials (`autotune calibrate`)
+    source: Literal[
+        "measured", "assumed", "calibrated"
+    ]  # calibrated: fitted to real trials (`autotune calibrate`)
     note: str = ""
 
 

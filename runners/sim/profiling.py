@@ -28,7 +28,8 @@ import datetime
 import os
 import platform
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,26 +49,36 @@ def import_torch(device: str):
     try:
         import torch
     except ImportError:
-        raise InputError("profile-hardware needs PyTorch: pip install 'autotune[profile]' "
-                         "(on a CPU-only machine: pip install torch==2.13.0)") from None
+        raise InputError(
+            "profile-hardware needs PyTorch: pip install 'autotune[profile]' "
+            "(on a CPU-only machine: pip install torch==2.13.0)"
+        ) from None
     if device == "npu":
         try:
             import torch_npu  # noqa: F401  (registers the npu device with torch)
         except ImportError:
-            raise InputError("--device npu needs torch_npu and Ascend's CANN toolkit: pip install torch-npu "
-                             "(the version matching your torch and CANN), then source CANN's set_env.sh") from None
+            raise InputError(
+                "--device npu needs torch_npu and Ascend's CANN toolkit: pip install torch-npu "
+                "(the version matching your torch and CANN), then source CANN's set_env.sh"
+            ) from None
         if not torch.npu.is_available():
-            raise InputError("--device npu: torch_npu sees no NPU (is the CANN driver installed and the device visible?)")
+            raise InputError(
+                "--device npu: torch_npu sees no NPU (is the CANN driver installed and the device visible?)"
+            )
     if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: PyTorch sees no CUDA device (torch.cuda.is_available() is False)")
+        raise InputError(
+            "--device cuda: PyTorch sees no CUDA device (torch.cuda.is_available() is False)"
+        )
     return torch
 
 
 class _Bench:
     def __init__(self, torch, device: str, progress: Callable[[str], None]):
         self.torch, self.device, self.progress = torch, device, progress
-        self.sync = {"cuda": lambda: torch.cuda.synchronize(), "npu": lambda: torch.npu.synchronize()}.get(
-            device, lambda: None)
+        self.sync = {
+            "cuda": lambda: torch.cuda.synchronize(),
+            "npu": lambda: torch.npu.synchronize(),
+        }.get(device, lambda: None)
 
     def seconds(self, fn: Callable[[], Any]) -> float:
         """Median time of one call, after a warm-up call."""
@@ -92,8 +103,12 @@ class _Bench:
 def _layer_shapes(model: ModelProfile) -> list[tuple[int, int]]:
     q = model.heads * model.head_dim
     kv = model.kv_heads * model.head_dim
-    return [(model.hidden, q + 2 * kv), (q, model.hidden), (model.hidden, 2 * model.intermediate),
-            (model.intermediate, model.hidden)]
+    return [
+        (model.hidden, q + 2 * kv),
+        (q, model.hidden),
+        (model.hidden, 2 * model.intermediate),
+        (model.intermediate, model.hidden),
+    ]
 
 
 def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int, float]]:
@@ -109,14 +124,21 @@ def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int,
         run = lambda: [matmul(x, w) for x, w in zip(inputs, weights)]  # noqa: E731
         seconds = bench.seconds(run)
         rows.append((max(tokens, min_rows), seconds))
-        bench.progress(f"  {str(dtype).removeprefix('torch.')} matmuls, {tokens} tokens: {seconds * 1e3:.2f} ms")
+        bench.progress(
+            f"  {str(dtype).removeprefix('torch.')} matmuls, {tokens} tokens: {seconds * 1e3:.2f} ms"
+        )
         if seconds > STEP_BUDGET_S / 4:
             break
     return rows
 
 
-def fit_roofline(rows: list[tuple[int, float]], layer_params: int, weight_bytes_per_param: float,
-                 bytes_per_s: float, fixed_half: float | None = None) -> tuple[float, float]:
+def fit_roofline(
+    rows: list[tuple[int, float]],
+    layer_params: int,
+    weight_bytes_per_param: float,
+    bytes_per_s: float,
+    fixed_half: float | None = None,
+) -> tuple[float, float]:
     """Peak flops/s and half-saturation tokens that make the cost model's matmul time,
     max(2 * params * n / (peak * n / (n + half)), weight bytes / bandwidth), closest to the
     measured times (least squares on log time, over a grid: two parameters, a few points).
@@ -136,17 +158,25 @@ def fit_roofline(rows: list[tuple[int, float]], layer_params: int, weight_bytes_
     return best[1], best[2]
 
 
-def fit_matmul_peaks(bf16: list[tuple[int, float]], int8: list[tuple[int, float]] | None, launches_s: float,
-                     layer_params: int, bytes_per_s: float) -> tuple[float, float, float | None]:
+def fit_matmul_peaks(
+    bf16: list[tuple[int, float]],
+    int8: list[tuple[int, float]] | None,
+    launches_s: float,
+    layer_params: int,
+    bytes_per_s: float,
+) -> tuple[float, float, float | None]:
     """bf16 peak flops/s, its half-saturation tokens, and int8's peak ops/s, fitted the same way:
     the launch cost taken off each timing (the cost model counts launches in the step overhead),
     then the cost model's roofline. int8 keeps bf16's half-saturation point, since the cost model
     applies one efficiency curve to both precisions."""
+
     def compute(rows: list[tuple[int, float]]) -> list[tuple[int, float]]:
         return [(n, max(s - launches_s, 0.1 * s)) for n, s in rows]
 
     peak, half = fit_roofline(compute(bf16), layer_params, 2.0, bytes_per_s)
-    int8_peak = fit_roofline(compute(int8), layer_params, 1.0, bytes_per_s, half)[0] if int8 else None
+    int8_peak = (
+        fit_roofline(compute(int8), layer_params, 1.0, bytes_per_s, half)[0] if int8 else None
+    )
     return peak, half, int8_peak
 
 
@@ -159,7 +189,9 @@ def _bandwidth(bench: _Bench) -> float:
     return 2 * size / seconds  # read and write
 
 
-def _attention_bytes_per_s(bench: _Bench, model: ModelProfile, batch: int = 8) -> list[tuple[int, float]]:
+def _attention_bytes_per_s(
+    bench: _Bench, model: ModelProfile, batch: int = 8
+) -> list[tuple[int, float]]:
     """(KV tokens, bytes/s) of one layer's decode attention: one query per sequence over its cache."""
     torch = bench.torch
     attend = torch.nn.functional.scaled_dot_product_attention
@@ -200,7 +232,10 @@ def _device_name(torch, device: str) -> str:
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            name = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), name)
+            name = next(
+                (line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")),
+                name,
+            )
     except OSError:
         pass
     return f"{name}, {os.cpu_count()} cores"
@@ -212,12 +247,18 @@ def _versions(torch, device: str) -> str:
         parts.append(f"CUDA {torch.version.cuda}")
     if device == "npu":
         import torch_npu
+
         parts.append(f"torch_npu {torch_npu.__version__}")
     return ", ".join(parts)
 
 
-def profile_hardware(device: str, model: ModelProfile, base: HardwareProfile, name: str,
-                     progress: Callable[[str], None] = lambda line: None) -> HardwareProfile:
+def profile_hardware(
+    device: str,
+    model: ModelProfile,
+    base: HardwareProfile,
+    name: str,
+    progress: Callable[[str], None] = lambda line: None,
+) -> HardwareProfile:
     """Measure `device` at `model`'s shapes; figures that are the engine's come from `base`."""
     torch = import_torch(device)
     bench = _Bench(torch, device, progress)
@@ -241,13 +282,21 @@ def profile_hardware(device: str, model: ModelProfile, base: HardwareProfile, na
     except (RuntimeError, NotImplementedError) as error:
         int8_ladder, no_int8 = None, str(error)[:80]
     launches = len(_layer_shapes(model)) * launch_s
-    peak, half, int8_fitted = fit_matmul_peaks(ladder, int8_ladder, launches, layer_params, decode_bytes_per_s)
+    peak, half, int8_fitted = fit_matmul_peaks(
+        ladder, int8_ladder, launches, layer_params, decode_bytes_per_s
+    )
     if int8_fitted is not None:
-        int8_peak = measured(int8_fitted / 1e12, "fitted peak of one layer's int8 matmuls (torch._int_mm), "
-                             "launches off and bf16's half-saturation point, as bf16_tflops")
+        int8_peak = measured(
+            int8_fitted / 1e12,
+            "fitted peak of one layer's int8 matmuls (torch._int_mm), "
+            "launches off and bf16's half-saturation point, as bf16_tflops",
+        )
     else:
-        int8_peak = Figure(value=peak / 1e12, source="assumed",
-                           note=f"no int8 matmul kernel here ({no_int8}): w8a8 assumed as fast as bf16")
+        int8_peak = Figure(
+            value=peak / 1e12,
+            source="assumed",
+            note=f"no int8 matmul kernel here ({no_int8}): w8a8 assumed as fast as bf16",
+        )
 
     progress("attention over a KV cache")
     attention = _attention_bytes_per_s(bench, model)
@@ -256,7 +305,11 @@ def profile_hardware(device: str, model: ModelProfile, base: HardwareProfile, na
     progress("weight-only int8 dequantization")
     k, n = model.hidden, 2 * model.intermediate
     tokens = ladder[-1][0]
-    x, w16, w8 = bench.tensor((tokens, k), bf16), bench.tensor((k, n), bf16), bench.tensor((k, n), int8)
+    x, w16, w8 = (
+        bench.tensor((tokens, k), bf16),
+        bench.tensor((k, n), bf16),
+        bench.tensor((k, n), int8),
+    )
     scale = bench.tensor((n,), bf16)
     plain = bench.seconds(lambda: x @ w16)
     dequant = bench.seconds(lambda: x @ (w8.to(bf16) * scale))
@@ -268,19 +321,37 @@ def profile_hardware(device: str, model: ModelProfile, base: HardwareProfile, na
     memory = _free_memory_gb(torch, device)
 
     kernels = KERNELS_PER_LAYER * model.layers + 10
-    return base.model_copy(update={
-        "name": name,
-        "description": f"{_device_name(torch, device)} ({device}); {stamp}",
-        "bf16_tflops": measured(peak / 1e12, f"fitted peak of one layer's bf16 matmuls, {ladder[0][0]}-{tokens} tokens"),
-        "int8_tops": int8_peak,
-        "memory_gb": measured(memory, "device memory free when profiled"),
-        "bandwidth_tbs": measured(bandwidth / 1e12, "device-to-device copy of a large buffer"),
-        "mfu": measured(1.0, "bf16_tflops is already the achieved peak"),
-        "mbu": measured(min(1.0, decode_bytes_per_s / bandwidth), "a one-token matmul's weight reads / copy bandwidth; "
-                        f"decode attention's KV reads reach {kv_share} KV tokens"),
-        "gemm_half_tokens": measured(half, "tokens at which matmuls reach half the peak (fitted)"),
-        "dequant_overhead": measured(dequant / plain - 1.0, f"int8-weight dequantize + matmul against bf16, {tokens} tokens"),
-        "decode_step_overhead_ms": measured(launch_s * kernels * 1e3, f"{launch_s * 1e6:.1f} us per launch x {kernels} "
-                                            "kernels per step; the engine's scheduling is not included"),
-        "per_sequence_overhead_ms": measured(sampling_s * 1e3, f"softmax and argmax over {model.vocab} logits"),
-    })
+    return base.model_copy(
+        update={
+            "name": name,
+            "description": f"{_device_name(torch, device)} ({device}); {stamp}",
+            "bf16_tflops": measured(
+                peak / 1e12,
+                f"fitted peak of one layer's bf16 matmuls, {ladder[0][0]}-{tokens} tokens",
+            ),
+            "int8_tops": int8_peak,
+            "memory_gb": measured(memory, "device memory free when profiled"),
+            "bandwidth_tbs": measured(bandwidth / 1e12, "device-to-device copy of a large buffer"),
+            "mfu": measured(1.0, "bf16_tflops is already the achieved peak"),
+            "mbu": measured(
+                min(1.0, decode_bytes_per_s / bandwidth),
+                "a one-token matmul's weight reads / copy bandwidth; "
+                f"decode attention's KV reads reach {kv_share} KV tokens",
+            ),
+            "gemm_half_tokens": measured(
+                half, "tokens at which matmuls reach half the peak (fitted)"
+            ),
+            "dequant_overhead": measured(
+                dequant / plain - 1.0,
+                f"int8-weight dequantize + matmul against bf16, {tokens} tokens",
+            ),
+            "decode_step_overhead_ms": measured(
+                launch_s * kernels * 1e3,
+                f"{launch_s * 1e6:.1f} us per launch x {kernels} "
+                "kernels per step; the engine's scheduling is not included",
+            ),
+            "per_sequence_overhead_ms": measured(
+                sampling_s * 1e3, f"softmax and argmax over {model.vocab} logits"
+            ),
+        }
+    )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from objectives.scenario import SLA, Workload
+from objectives.userfile import InputError
 from runners.base import FailedSession, Session, run_once
 from runners.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
@@ -14,7 +16,6 @@ from runners.sim.profiles import HardwareProfile, ModelProfile, load_hardware, l
 from runners.workload import make_requests
 from search_spaces.engines import llamacpp_args, violations, vllm_args
 from search_spaces.space import SearchSpace
-from objectives.userfile import InputError
 
 SIM_ENGINES = ("mindie", "vllm", "llamacpp")  # the schedulers the simulator reproduces
 DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
@@ -32,15 +33,29 @@ DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
 class SimRunner:
     name = "sim"
 
-    def __init__(self, engine: str = "mindie", model: str | ModelProfile = "qwen2-7b", hardware: str | HardwareProfile = "ascend-910b2"):
+    def __init__(
+        self,
+        engine: str = "mindie",
+        model: str | ModelProfile = "qwen2-7b",
+        hardware: str | HardwareProfile = "ascend-910b2",
+    ):
         if engine not in SIM_ENGINES:
-            raise InputError(f"--engine: unknown engine {engine!r}; the simulator knows: {', '.join(SIM_ENGINES)}")
+            raise InputError(
+                f"--engine: unknown engine {engine!r}; the simulator knows: {', '.join(SIM_ENGINES)}"
+            )
         self.engine = engine
         self.model = model if isinstance(model, ModelProfile) else load_model(model)
-        self.hardware = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
+        self.hardware = (
+            hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
+        )
 
     def identity(self) -> dict[str, str]:
-        return {"runner": self.name, "engine": self.engine, "model": self.model.name, "hardware": self.hardware.name}
+        return {
+            "runner": self.name,
+            "engine": self.engine,
+            "model": self.model.name,
+            "hardware": self.hardware.name,
+        }
 
     def check_inputs(self) -> None:
         pass  # the model and hardware profiles were read and checked when the runner was made
@@ -52,12 +67,16 @@ class SimRunner:
         return space  # the simulator runs every knob value
 
     def _cost(self, config: dict[str, Any]) -> CostModel:
-        return CostModel(self.model, self.hardware, config["quantization"], float(config["kv_compression"]))
+        return CostModel(
+            self.model, self.hardware, config["quantization"], float(config["kv_compression"])
+        )
 
     def _scheduler(self, config: dict[str, Any]) -> Scheduler:
         decode_first = config["select_batch"] == "decode-first"
         if self.engine == "vllm":
-            policy = "chunked" if decode_first else "whole-prefill"  # vLLM V1: running requests first
+            policy = (
+                "chunked" if decode_first else "whole-prefill"
+            )  # vLLM V1: running requests first
             prefill_batch = config["batch_size"]
         elif self.engine == "llamacpp":
             # llama-server's slots: every generating slot's next token first, then prompt tokens of
@@ -77,7 +96,9 @@ class SimRunner:
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         config = DEFAULTS | config
-        refused = violations(self.engine, config, workload)  # what the real engine refuses, the simulator too
+        refused = violations(
+            self.engine, config, workload
+        )  # what the real engine refuses, the simulator too
         if refused:
             return refused
         cost = self._cost(config)
@@ -90,7 +111,9 @@ class SimRunner:
         block = self.hardware.kv_block_tokens
         blocks = capacity // block
         if blocks * block < workload.longest_request:
-            return [f"KV cache holds {blocks * block} tokens; the longest request needs {workload.longest_request}"]
+            return [
+                f"KV cache holds {blocks * block} tokens; the longest request needs {workload.longest_request}"
+            ]
         return []
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
@@ -102,10 +125,19 @@ class SimRunner:
     def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
         config = DEFAULTS | config
         reasons = self.violations(config, workload)
-        yield FailedSession(Fault("infeasible", "; ".join(reasons))) if reasons else _SimSession(self, config)
+        yield (
+            FailedSession(Fault("infeasible", "; ".join(reasons)))
+            if reasons
+            else _SimSession(self, config)
+        )
 
-    def run(self, config: dict[str, Any], workload: Workload, sla: SLA | None = None,
-            stop_early: bool = False) -> Measurement:
+    def run(
+        self,
+        config: dict[str, Any],
+        workload: Workload,
+        sla: SLA | None = None,
+        stop_early: bool = False,
+    ) -> Measurement:
         return run_once(self, config, workload, sla, stop_early)
 
 
@@ -117,9 +149,13 @@ class _SimSession:
         self.blocks = self.cost.kv_capacity_tokens(config["max_prefill_tokens"]) // self.block
         self.extra: dict[str, Any] = {}
 
-    def measure(self, workload: Workload, sla: SLA | None = None, stop_early: bool = False) -> Measurement:
+    def measure(
+        self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
+    ) -> Measurement:
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
-        sim = Simulation(self.cost, self.scheduler, make_requests(workload), self.blocks, self.block, bound)
+        sim = Simulation(
+            self.cost, self.scheduler, make_requests(workload), self.blocks, self.block, bound
+        )
         try:
             return sim.run()
         except RuntimeError as error:  # a simulator fault is the trial's, never the study's
