@@ -46,7 +46,8 @@ def timed(runner, config, scenario) -> tuple[float, dict]:
 def main() -> None:
     runner = SimRunner()
     print(
-        f"{'preset':19} {'config':25} {'steps':>5} {'capacity':>9} {'fixed s':>8} {'capacity s':>10} {'ratio':>6}"
+        f"{'preset':19} {'config':25} {'steps':>5} {'capacity':>9} {'fixed s':>8} "
+        f"{'capacity s':>10} {'ratio':>6}"
     )
     worst = []
     for name in preset_names():
@@ -58,9 +59,10 @@ def main() -> None:
             capacity_s, metrics = timed(runner, config, scenario)
             worst.append(capacity_s)
             rate = metrics.get("capacity_rate")
+            shown_rate = "-" if rate is None else format(rate, ".3g")
             print(
                 f"{name:19} {label:25} {len(metrics.get('capacity_steps', [])):>5} "
-                f"{'-' if rate is None else format(rate, '.3g'):>9} {fixed_s:>8.3f} {capacity_s:>10.3f} "
+                f"{shown_rate:>9} {fixed_s:>8.3f} {capacity_s:>10.3f} "
                 f"{capacity_s / fixed_s:>5.1f}x"
             )
     print(

@@ -4,7 +4,8 @@ same configs under an SLA most of them break, with and without early rejection.
 
     python bench/bench_engines.py [--engines DIR] [--requests N]
 
-DIR holds what .ci/setup-engines installs (default ~/.cache/autotune-engines).
+DIR holds what .ci/setup-engines installs (default $AUTOTUNE_ENGINES, else
+~/.cache/autotune-engines).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from objectives.scenario import Scenario, load_scenario
 from runners.llamacpp import LlamaCppRunner, LlamaCppSettings
 from runners.measurement import summarize
-from tests.tiny_model import build_tiny_qwen2
+from testing.engines import ENGINES_DIR, engine_executable
+from testing.tiny_model import build_tiny_qwen2
 
 CONFIGS = [
     {"batch_size": b, "max_prefill_tokens": 512, "quantization": q, "kv_compression": kv}
@@ -56,14 +58,14 @@ def run_all(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "autotune-engines")
+    parser.add_argument("--engines", type=Path, default=ENGINES_DIR)
     parser.add_argument("--requests", type=int, default=60)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
         model = build_tiny_qwen2(work / "tiny")
         settings = LlamaCppSettings(
-            engine_cmd=[str(args.engines / "llama.cpp" / "bin" / "llama-server")],
+            engine_cmd=[str(engine_executable("llamacpp", args.engines))],
             model=model,
             threads=1,
             log_dir=work / "logs",
@@ -75,12 +77,12 @@ def main() -> None:
         started = time.perf_counter()
         for precision in ("bf16", "w8a8", "w4a16"):
             runner.gguf(precision)
-        print(
-            f"GGUF preparation (convert + 2 quantizations, once per model): {time.perf_counter() - started:.1f} s\n"
-        )
+        prepared_s = time.perf_counter() - started
+        print(f"GGUF preparation (convert + 2 quantizations, once per model): {prepared_s:.1f} s\n")
 
         print(
-            f"{'config':44} {'ready s':>8} {'load s':>8} {'stop s':>8} {'trial s':>8} {'overhead':>9} {'tok/s':>7}"
+            f"{'config':44} {'ready s':>8} {'load s':>8} {'stop s':>8} {'trial s':>8} "
+            f"{'overhead':>9} {'tok/s':>7}"
         )
         for config, m, wall in run_all(runner, scenario(args.requests, 60_000)):
             e = m.extra
@@ -89,9 +91,10 @@ def main() -> None:
                 f"np {config['batch_size']} {config['quantization']} kv {config['kv_compression']}"
             )
             tok_s = m.output_tokens[m.ok].sum() / e["load_s"] if m.fault is None else float("nan")
+            nan = float("nan")
             print(
-                f"{label:44} {e.get('start_s', float('nan')):8.2f} {e.get('load_s', float('nan')):8.2f} "
-                f"{e.get('stop_s', float('nan')):8.2f} {wall:8.2f} {overhead / wall:9.1%} {tok_s:7.0f}"
+                f"{label:44} {e.get('start_s', nan):8.2f} {e.get('load_s', nan):8.2f} "
+                f"{e.get('stop_s', nan):8.2f} {wall:8.2f} {overhead / wall:9.1%} {tok_s:7.0f}"
             )
 
         # Long prompts at a high rate: one slot falls behind and its queue grows without bound.
@@ -111,9 +114,10 @@ def main() -> None:
                 and summarize(m, tight.sla)["ttft_p99_ms"] > tight.sla.ttft_p99_ms
             )
             print(
-                f"\n{tight.workload.num_requests} requests at 30/s, TTFT p99 <= 150 ms, early rejection "
-                f"{'on ' if early else 'off'}: {timings[early]:6.1f} s for {len(rows)} trials, {rejected} stopped early, {broken} ran to the end and broke the SLA, "
-                f"{sent} requests sent"
+                f"\n{tight.workload.num_requests} requests at 30/s, TTFT p99 <= 150 ms, "
+                f"early rejection {'on ' if early else 'off'}: {timings[early]:6.1f} s for "
+                f"{len(rows)} trials, {rejected} stopped early, "
+                f"{broken} ran to the end and broke the SLA, {sent} requests sent"
             )
         saved = timings[False] - timings[True]
         print(

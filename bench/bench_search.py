@@ -1,263 +1,69 @@
 """Search efficiency against the grid: how many trials each sampler needs to find a good config.
 
-    python bench/bench_search.py [--seeds 10] [--trials 50] [--presets NAME ...] [--samplers NAME ...] [--jobs 2]
+    python bench/bench_search.py [--presets NAME ...] [--scenarios FILE ...]
+        [--random-scenarios N --seed S] [--seeds 10] [--trials 50] [--samplers NAME ...] [--jobs 1]
 
-Ground truth, per preset: every point of the default search space's grid (SearchSpace.grid(),
-what `--sampler grid` walks: batch sizes 1..256 in powers of two, six prefill budgets, every
-precision, both KV states and select-batch modes, prefill batches 1..64 within the batch) run
-as a trial runs (the capacity search on the default simulator), once, cached under
-bench/.cache/ by the content of the scenario, the space and the simulator's code.
+Scenarios: preset names (`--presets`; all of them when no scenario is named any other way),
+scenario files (`--scenarios`), and `--random-scenarios N` drawn with `--seed S` by
+bench/random_scenarios.py over the space users have (chat to 8k-token documents, Poisson,
+bursty gamma and closed-loop arrivals, TTFT/TPOT SLOs from tight to loose), each validated by
+the Scenario model and redrawn until a sample of its grid holds an SLA-feasible config (the
+count redrawn is printed). `--save-scenarios DIR` writes them as YAML for `--scenarios`.
 
-The samplers then search that same grid as a tabular benchmark (NAS-Bench style): numeric
-knobs are ordered indices into their grid values (so batch size keeps its log scale and its
-order), categorical knobs stay categorical, and max_prefill_batch_size runs as at most the batch
-size, as in the product. Each trial is told to Optuna as the product tells it: FAIL for a config
-that cannot run, COMPLETE with the SLA as the trial's constraints otherwise. The particle swarm is the
-baseline of msserviceprofiler's optimizer: 10 particles x 5 iterations, one scalar fitness
-(capacity when the SLA holds, minus the violation otherwise).
+Ground truth, per scenario (bench/search_truth.py): every point of the default search space's
+grid (batch sizes in powers of two up to the ceiling of what the KV cache holds, as the product
+searches) run as a trial runs on the default simulator, once, and cached in the user's cache
+folder (`--cache-dir`) under a hash that any change to the simulator invalidates.
 
-With --product-seeds N, a last row per preset ("product") checks that the table stands for the
-product: a real-engine study's default sampler in the product's own space (raw knob ranges, not
-grid indices) and loop (each trial a capacity search on the live simulator standing in for the
-engine), against the same grid's best.
+The samplers then search that same grid as a tabular benchmark (bench/search_samplers.py):
+`sim-default`, `engine-default` (alias `default`), `tpe`, `gp`, `random`, `nsga2`,
+`optuna-tpe`, `pso`, and the levers `polish-<sampler>`, `warm-<sampler>`, `gp-s5`/`tpe-s5`.
+Two names that resolve to the same sampler share their runs (same seeds, same trials).
 
-Printed per preset and sampler: median trials to reach 95% of the grid's best SLA-feasible
-capacity (counted up to --horizon trials; ">N" when most seeds never do), the share of seeds
-that reach it within the budget (--trials, 50),
-and the hypervolume of the feasible front after 10/25/50 trials as a share of the grid's
+With --product-seeds N, a last row per scenario ("product") checks that the table stands for
+the product: a real-engine study's default sampler in the product's own space (raw knob ranges,
+not grid indices) and loop (each trial a capacity search on the live simulator standing in for
+the engine), against the same grid's best.
+
+Printed per scenario and sampler, over seeds 0..--seeds-1, and overall over every (scenario,
+seed) pair: median trials to reach 95% of the grid's best SLA-feasible capacity (counted up to
+--horizon trials, GP only up to --trials; ">N" when most never do), the share of pairs that reach
+it within 25 and within 50 trials, the number of pairs with no SLA-feasible trial in the first
+25, and the hypervolume of the feasible front after 10/25/50 trials as a share of the grid's
 (Optuna's own hypervolume; TTFT p99 normalised by the SLA bound, capacity by the grid's best).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import itertools
-import json
 import statistics
 import sys
-import tempfile
 import time
 import warnings
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 import optuna
-from optuna._hypervolume import compute_hypervolume
-from optuna.trial import TrialState
+import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from objectives.scenario import Scenario, load_scenario, preset_names  # noqa: E402
-from objectives.scoring import DIRECTIONS, constraint_values, is_feasible, objective_values  # noqa: E402
-from runners.capacity import evaluate  # noqa: E402
-from runners.sim.runner import SimRunner  # noqa: E402
-from search_spaces.space import SearchSpace  # noqa: E402
-from tuner.samplers import describe, make_sampler, resolve  # noqa: E402
-from tuner.storage import open_storage  # noqa: E402
-from tuner.study import StudyRun, create_study, optimize, record_constraints  # noqa: E402
-
-CACHE = ROOT / "bench" / ".cache"
-NUMERIC = ("batch_size", "max_prefill_tokens", "max_prefill_batch_size")
-TARGET = 0.95
-CHECKPOINTS = (10, 25, 50)
-SIM_SOURCES = (
-    "runners/sim/*.py",
-    "runners/sim/hardware/*.yaml",
-    "runners/capacity.py",
-    "runners/measurement.py",
-    "runners/workload.py",
-    "search_spaces/presets/mindie.yaml",
+from random_scenarios import draw
+from search_samplers import resolved, run_optuna, run_product, run_pso
+from search_truth import (
+    FEASIBILITY_SAMPLE,
+    TARGET,
+    Table,
+    default_cache_dir,
+    has_feasible_sample,
 )
 
+from objectives.scenario import Scenario, load_scenario, preset_names
+from objectives.scoring import is_feasible
+from tuner.samplers import describe
 
-# --- ground truth ------------------------------------------------------------------------
-def _space(scenario: Scenario) -> SearchSpace:
-    return SearchSpace.load("mindie").fit_workload(scenario.workload)
-
-
-def _grid(scenario: Scenario) -> tuple[list[str], dict[str, list], dict]:
-    space = _space(scenario)
-    grid = space.grid()
-    return list(grid), grid, space.fixed()
-
-
-def _cache_key(name: str, scenario: Scenario, grid: dict) -> str:
-    h = hashlib.sha256(
-        scenario.model_dump_json().encode() + json.dumps(grid, sort_keys=True).encode()
-    )
-    for source in SIM_SOURCES:  # what a simulated trial's numbers depend on
-        for path in sorted(ROOT.glob(source)):
-            h.update(path.read_bytes())
-    return f"grid-{name}-{h.hexdigest()[:12]}.json"
-
-
-def _evaluate_point(args):
-    name, config = args
-    scenario = load_scenario(name)
-    runner = SimRunner()
-    space = _space(scenario)
-    reasons = space.violations(config, scenario.workload) + runner.violations(
-        config, scenario.workload
-    )
-    if reasons:
-        return None
-    result = evaluate(runner, config, scenario)
-    if result.fault is not None:
-        return None
-    values = objective_values(result.metrics, scenario)
-    if values is None:
-        return None
-    return [values[0], values[1], constraint_values(result.metrics, scenario.sla)]
-
-
-def ground_truth(name: str, jobs: int) -> dict[tuple, list | None]:
-    scenario = load_scenario(name)
-    keys, grid, fixed = _grid(scenario)
-    path = CACHE / _cache_key(name, scenario, grid)
-    if path.exists():
-        table = json.loads(path.read_text())
-    else:
-        points = [dict(zip(keys, values)) for values in itertools.product(*grid.values())]
-        started = time.perf_counter()
-        with Pool(jobs) as pool:
-            results = pool.map(_evaluate_point, [(name, fixed | p) for p in points], chunksize=8)
-        table = {json.dumps([p[k] for k in keys]): r for p, r in zip(points, results)}
-        CACHE.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table))
-        print(
-            f"  {name}: grid of {len(points)} configs evaluated in {time.perf_counter() - started:.0f} s "
-            f"-> {path.relative_to(ROOT)}",
-            flush=True,
-        )
-    return {tuple(json.loads(k)): v for k, v in table.items()}
-
-
-# --- searching the table -----------------------------------------------------------------
-class Table:
-    def __init__(self, name: str, jobs: int):
-        self.scenario = load_scenario(name)
-        self.keys, self.grid, _ = _grid(self.scenario)
-        self.results = ground_truth(name, jobs)
-        feasible = [r for r in self.results.values() if r and is_feasible(r[2])]
-        self.best = max(r[1] for r in feasible)
-        self.bound = self.scenario.sla.ttft_p99_ms
-        self.grid_hv = self.hypervolume(feasible)
-
-    def lookup(self, point: dict) -> list | None:
-        return self.results[tuple(point[k] for k in self.keys)]
-
-    def hypervolume(self, results: list) -> float:
-        points = [
-            (r[0] / self.bound, -r[1] / self.best) for r in results if r and is_feasible(r[2])
-        ]
-        if not points:
-            return 0.0
-        return float(compute_hypervolume(np.array(points), np.array([1.0, 0.0])))
-
-    def suggest(self, trial: optuna.Trial) -> dict:
-        point = {}
-        for key in self.keys:
-            values = self.grid[key]
-            if key not in NUMERIC:
-                point[key] = trial.suggest_categorical(key, values)
-                continue
-            index = trial.suggest_int(f"{key}_index", 0, len(values) - 1)
-            if (
-                key == "max_prefill_batch_size"
-            ):  # runs as at most the batch size, as SearchSpace.suggest does
-                index = min(index, max(i for i, v in enumerate(values) if v <= point["batch_size"]))
-            point[key] = values[index]
-        return point
-
-
-def run_optuna(table: Table, sampler_name: str, seed: int, trials: int) -> list:
-    """`default` is what `autotune` uses here on a real engine (`auto`: GP where PyTorch and SciPy
-    are installed, else `tpe`, the product's TPE): the table stands for real trials, where their
-    count is the cost. `optuna-tpe` is Optuna's TPE as it comes."""
-    if sampler_name == "optuna-tpe":
-        sampler = optuna.samplers.TPESampler(seed=seed)
-    else:
-        sampler = make_sampler(
-            "auto" if sampler_name == "default" else sampler_name,
-            seed,
-            _space(table.scenario),
-            trials,
-        )
-    study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
-    outcomes = []
-    for _ in range(trials):
-        trial = study.ask()
-        result = table.lookup(table.suggest(trial))
-        if result is None:
-            study.tell(trial, state=TrialState.FAIL)
-        else:
-            record_constraints(trial, result[2])
-            study.tell(trial, result[:2])
-        outcomes.append(result)
-    return outcomes
-
-
-def run_product(table: Table, seed: int, trials: int) -> list:
-    """The product's own loop rather than the table: a real-engine study's default sampler over
-    the knobs' own ranges (batch size 1..256 on a log scale, not powers of two), each trial a
-    capacity search on the live simulator standing in for the engine."""
-    scenario, runner = table.scenario, SimRunner()
-    space = _space(scenario)
-    with tempfile.TemporaryDirectory() as folder:
-        storage = open_storage(f"sqlite:///{folder}/studies.db")
-        study = create_study(
-            storage,
-            "product",
-            make_sampler("auto", seed, space, trials),
-            scenario,
-            runner.identity(),
-        )
-        optimize(StudyRun(study, scenario, space, runner, storage), trials, None)
-        outcomes = [
-            [t.values[0], t.values[1], t.user_attrs["sla_constraints"]]
-            if t.state == TrialState.COMPLETE
-            else None
-            for t in study.trials
-        ]
-        storage.engine.dispose()
-    return outcomes
-
-
-def run_pso(table: Table, seed: int, trials: int, particles: int = 10) -> list:
-    """msserviceprofiler's default: a particle swarm, 10 particles x 5 iterations, scalar fitness."""
-    rng = np.random.default_rng(seed)
-    sizes = np.array([len(table.grid[k]) for k in table.keys], dtype=float)
-    position = rng.uniform(0, sizes - 1, size=(particles, len(sizes)))
-    velocity = rng.uniform(-1, 1, size=position.shape) * (sizes - 1) / 4
-    best_pos, best_fit = position.copy(), np.full(particles, -np.inf)
-    swarm_pos, swarm_fit = position[0].copy(), -np.inf
-    outcomes: list = []
-    while len(outcomes) < trials:
-        for p in range(particles):
-            if len(outcomes) == trials:
-                break
-            index = np.clip(np.rint(position[p]), 0, sizes - 1).astype(int)
-            result = table.lookup({k: table.grid[k][i] for k, i in zip(table.keys, index)})
-            outcomes.append(result)
-            if result is None:
-                fitness = -1e9
-            elif is_feasible(result[2]):
-                fitness = result[1]
-            else:
-                fitness = -max(result[2].values()) * table.best
-            if fitness > best_fit[p]:
-                best_fit[p], best_pos[p] = fitness, position[p].copy()
-            if fitness > swarm_fit:
-                swarm_fit, swarm_pos = fitness, position[p].copy()
-        r1, r2 = rng.uniform(size=position.shape), rng.uniform(size=position.shape)
-        velocity = (
-            0.7 * velocity + 1.5 * r1 * (best_pos - position) + 1.5 * r2 * (swarm_pos - position)
-        )
-        position = np.clip(position + velocity, 0, sizes - 1)
-    return outcomes
+CHECKPOINTS = (10, 25, 50)
+WITHIN = (25, 50)
 
 
 def trials_to_target(table: Table, outcomes: list) -> float:
@@ -267,81 +73,193 @@ def trials_to_target(table: Table, outcomes: list) -> float:
     return float("inf")
 
 
+def first_feasible(outcomes: list) -> float:
+    for n, r in enumerate(outcomes, start=1):
+        if r and is_feasible(r[2]):
+            return n
+    return float("inf")
+
+
+# --- scenarios -----------------------------------------------------------------------------
+def gather_scenarios(args) -> list[tuple[str, Scenario]]:
+    named = args.presets is not None or args.scenarios or args.random_scenarios
+    chosen: list[tuple[str, Scenario]] = []
+    for name in args.presets if args.presets is not None else ([] if named else preset_names()):
+        chosen.append((name, load_scenario(name)))
+    for path in args.scenarios or []:
+        scenario = load_scenario(path)
+        chosen.append((scenario.name, scenario))
+    if args.random_scenarios:
+        started = time.perf_counter()
+        drawn, redrawn = draw(
+            args.random_scenarios,
+            args.seed,
+            lambda s: has_feasible_sample(s, args.jobs),
+            num_requests=args.random_requests,
+        )
+        print(
+            f"<!-- {len(drawn)} random scenarios drawn with seed {args.seed} in "
+            f"{time.perf_counter() - started:.0f} s; {redrawn} redrawn (no SLA-feasible config "
+            f"in a {FEASIBILITY_SAMPLE}-point sample of the grid) -->",
+            flush=True,
+        )
+        if args.save_scenarios:
+            folder = Path(args.save_scenarios)
+            folder.mkdir(parents=True, exist_ok=True)
+            for scenario in drawn:
+                data = scenario.model_dump(mode="json", exclude_defaults=True)
+                (folder / f"{scenario.name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        chosen += [(s.name, s) for s in drawn]
+    return chosen
+
+
+# --- the report ----------------------------------------------------------------------------
+class Row:
+    def __init__(self, horizon: int):
+        self.horizon = horizon
+        self.needed: list[float] = []
+        self.feasible: list[float] = []
+        self.hv: dict[int, list[float]] = {c: [] for c in CHECKPOINTS}
+        self.seconds = 0.0
+
+    def add(self, table: Table, outcomes: list) -> None:
+        self.needed.append(trials_to_target(table, outcomes))
+        self.feasible.append(first_feasible(outcomes))
+        for c in CHECKPOINTS:
+            self.hv[c].append(table.hypervolume(outcomes[:c]) / table.grid_hv)
+
+    def extend(self, other: Row) -> None:
+        self.horizon = min(self.horizon, other.horizon)
+        self.needed += other.needed
+        self.feasible += other.feasible
+        for c in CHECKPOINTS:
+            self.hv[c] += other.hv[c]
+        self.seconds += other.seconds
+
+    def cells(self) -> list[str]:
+        median = statistics.median(self.needed)
+        shown = f"{median:.0f}" if median != float("inf") else f">{self.horizon}"
+        within = [f"{sum(n <= w for n in self.needed) / len(self.needed):.0%}" for w in WITHIN]
+        none = sum(f > 25 for f in self.feasible)
+        hv = [f"{np.mean(self.hv[c]):.2f}" for c in CHECKPOINTS]
+        per_seed = self.seconds / len(self.needed)
+        return [shown, *within, str(none), *hv, f"{per_seed:.1f}"]
+
+
+HEADER = (
+    ["scenario", "sampler", "median trials to 95%"]
+    + [f"<={w}" for w in WITHIN]
+    + ["no feasible in 25"]
+    + [f"HV@{c}" for c in CHECKPOINTS]
+    + ["s/seed"]
+)
+
+
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def print_header() -> None:
+    print(markdown_row(HEADER))
+    print(markdown_row(["---"] * 2 + ["---:"] * (len(HEADER) - 2)), flush=True)
+
+
+def torch_threads() -> None:
+    """GP's model fits in one thread: on a shared machine more threads only contend."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="*", default=preset_names())
+    parser.add_argument("--presets", nargs="*", default=None, help="preset names")
+    parser.add_argument("--scenarios", nargs="*", default=[], help="scenario YAML files")
+    parser.add_argument("--random-scenarios", type=int, default=0, metavar="N")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random scenarios")
     parser.add_argument(
-        "--samplers", nargs="*", default=["default", "tpe", "optuna-tpe", "nsga2", "random", "pso"]
+        "--random-requests", type=int, default=32, help="requests per random scenario's step"
+    )
+    parser.add_argument("--save-scenarios", metavar="DIR", help="write random scenarios' YAML")
+    parser.add_argument(
+        "--samplers",
+        nargs="*",
+        default=["sim-default", "engine-default", "tpe", "gp", "random"],
     )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument(
         "--horizon", type=int, default=300, help="trials run to count trials-to-target (not gp)"
     )
-    parser.add_argument("--jobs", type=int, default=2, help="processes for the grid")
+    parser.add_argument("--jobs", type=int, default=1, help="processes for the grid")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: the user cache")
     parser.add_argument(
         "--product-seeds",
         type=int,
         default=0,
         help="also run the default sampler this many seeds in the product's own space and loop",
     )
-    args = parser.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    warnings.simplefilter("ignore")  # Optuna's experimental-API notes, once per product-row trial
-    print(f"default sampler here, for real engines: {describe('auto', simulated=False)}")
-    print(
-        f"{'preset':18} {'sampler':8} {'median trials to 95%':>21} {'reached <=' + str(args.trials):>12} "
-        + " ".join(f"{'HV@' + str(c):>7}" for c in CHECKPOINTS)
-        + f" {'s/seed':>7}"
+    parser.add_argument(
+        "--grids-only", action="store_true", help="evaluate (cache) the grids and stop"
     )
-    for name in args.presets:
-        table = Table(name, args.jobs)
-        medians = {}
-        for sampler in args.samplers + ["product"] * (args.product_seeds > 0):
-            started = time.perf_counter()
-            needed, hv = [], {c: [] for c in CHECKPOINTS}
+    args = parser.parse_args()
+    torch_threads()
+    cache = args.cache_dir or default_cache_dir()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.simplefilter("ignore")  # Optuna's experimental-API notes
+    print(f"<!-- sim-default: {describe('auto', simulated=True)} -->")
+    print(f"<!-- engine-default: {describe('auto', simulated=False)} -->")
+    scenarios = gather_scenarios(args)
+    samplers = list(args.samplers) + ["product"] * (args.product_seeds > 0)
+    overall = {s: Row(args.trials) for s in samplers}
+    descriptions = []
+    if args.grids_only:
+        for label, scenario in scenarios:
+            print(f"- {label}: {Table(label, scenario, args.jobs, cache).describe()}", flush=True)
+        return
+    print_header()
+    for label, scenario in scenarios:
+        table = Table(label, scenario, args.jobs, cache)
+        descriptions.append(f"- {label}: {table.describe()}")
+        runs: dict[tuple[str, int], tuple[list, float]] = {}
+        for sampler in samplers:
+            name = resolved(sampler)
             # Trials to the target are counted past the budget where that is cheap, so that a
             # sampler that needs more than `--trials` still gets a number (GP is too slow for it;
             # the swarm's budget is its 10 x 5 by definition).
-            slow = sampler in ("gp", "product") or (
-                sampler == "default" and resolve("auto", simulated=False) == "gp"
-            )
+            slow = "gp" in name or name == "product"
             horizon = (
-                args.trials if slow else 50 if sampler == "pso" else max(args.trials, args.horizon)
+                args.trials if slow else 50 if name == "pso" else max(args.trials, args.horizon)
             )
-            for seed in range(args.product_seeds if sampler == "product" else args.seeds):
-                if sampler == "pso":
-                    outcomes = run_pso(table, seed, horizon)
-                elif sampler == "product":
-                    outcomes = run_product(table, seed, horizon)
-                else:
-                    outcomes = run_optuna(table, sampler, seed, horizon)
-                needed.append(trials_to_target(table, outcomes))
-                for c in CHECKPOINTS:
-                    hv[c].append(table.hypervolume(outcomes[:c]) / table.grid_hv)
-            median = statistics.median(needed)
-            medians[sampler] = median
-            shown = f"{median:.0f}" if median != float("inf") else f">{horizon}"
-            reached = sum(n <= args.trials for n in needed) / len(needed)
-            per_seed = (time.perf_counter() - started) / len(needed)
-            print(
-                f"{name:18} {sampler:8} {shown:>21} {reached:>12.0%} "
-                + " ".join(f"{np.mean(hv[c]):>7.2f}" for c in CHECKPOINTS)
-                + f" {per_seed:>7.1f}",
-                flush=True,
-            )
-        if "default" in medians and "random" in medians:
-            random, default = medians["random"], medians["default"]
-            ratio = (
-                f">{max(args.trials, args.horizon) / default:.1f}x"
-                if random == float("inf")
-                else f"{random / default:.1f}x"
-            )
-            print(
-                f"{name:18} random / default median trials: {ratio} (grid best capacity "
-                f"{table.best:.0f} tok/s)",
-                flush=True,
-            )
+            row = Row(horizon)
+            for seed in range(args.product_seeds if name == "product" else args.seeds):
+                if (name, seed) not in runs:
+                    started = time.perf_counter()
+                    if name == "pso":
+                        outcomes = run_pso(table, seed, horizon)
+                    elif name == "product":
+                        outcomes = run_product(table, seed, horizon)
+                    else:
+                        outcomes = run_optuna(table, name, seed, horizon)
+                    runs[name, seed] = outcomes, time.perf_counter() - started
+                outcomes, seconds = runs[name, seed]
+                row.add(table, outcomes)
+                row.seconds += seconds
+            shown = sampler if name == sampler else f"{sampler} ({name})"
+            print(markdown_row([label, shown, *row.cells()]), flush=True)
+            overall[sampler].extend(row)
+    if len(scenarios) > 1:
+        print()
+        print_header()
+        for sampler, row in overall.items():
+            label = f"all {len(scenarios)} scenarios"
+            name = resolved(sampler)
+            shown = sampler if name == sampler else f"{sampler} ({name})"
+            print(markdown_row([label, shown, *row.cells()]))
+    print()
+    print("\n".join(descriptions))
 
 
 if __name__ == "__main__":

@@ -47,10 +47,12 @@ def main() -> None:
             median = statistics.median(times)
             worst = max(worst, median)
             print(
-                f"{name:20} {label:26} {m.sent:>8} {m.extra['steps']:>7} {median:>9.3f} {median / GOAL_S:>7.2f}x"
+                f"{name:20} {label:26} {m.sent:>8} {m.extra['steps']:>7} {median:>9.3f} "
+                f"{median / GOAL_S:>7.2f}x"
             )
     print(
-        f"slowest median: {worst:.3f} s for 1,000 requests (goal {GOAL_S} s; ratio {worst / GOAL_S:.2f})"
+        f"slowest median: {worst:.3f} s for 1,000 requests "
+        f"(goal {GOAL_S} s; ratio {worst / GOAL_S:.2f})"
     )
 
 

@@ -29,8 +29,8 @@ def main() -> None:
             result.returncode, f"exit {result.returncode}"
         )
         print(
-            f"{scenario:20} default study (50 trials): {wall:6.1f} s wall, {wall / BUDGET_S:.2f} of the "
-            f"one-minute budget, {status}"
+            f"{scenario:20} default study (50 trials): {wall:6.1f} s wall, "
+            f"{wall / BUDGET_S:.2f} of the one-minute budget, {status}"
         )
 
 

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from objectives.userfile import InputError, load_yaml
-from search_spaces.knobs import QUANTIZATIONS
+from search_spaces.knobs import Quantization
 
 Source = Literal["published", "measured", "assumed", "calibrated"]
 REFERENCE = ("bf16", 1.0)  # (quantization, kv_compression) every figure is relative to
@@ -35,27 +35,23 @@ class _Strict(BaseModel):
 class QualityFigure(_Strict):
     """One config's quality against the reference; a figure left None is not known."""
 
-    accuracy_drop: float | None = (
-        None  # benchmark points below the reference (bf16 weights, KV 1.0)
-    )
-    kl: Annotated[float, Field(ge=0)] | None = (
-        None  # mean KL divergence from the reference's next-token distribution (nats)
-    )
-    top1_agreement: Annotated[float, Field(ge=0, le=1)] | None = (
-        None  # share of positions whose top token matches the reference
-    )
+    # benchmark points below the reference (bf16 weights, KV 1.0)
+    accuracy_drop: float | None = None
+    # mean KL divergence from the reference's next-token distribution (nats)
+    kl: Annotated[float, Field(ge=0)] | None = None
+    # share of positions whose top token matches the reference
+    top1_agreement: Annotated[float, Field(ge=0, le=1)] | None = None
     source: Source
     note: str  # where the figure comes from (paper, table, command), or why it was not measured
-    samples: Annotated[int, Field(ge=0)] | None = (
-        None  # token positions a measured figure stands on
-    )
+    # token positions a measured figure stands on
+    samples: Annotated[int, Field(ge=0)] | None = None
 
     def values(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in FIGURES if getattr(self, name) is not None}
 
 
 class TableEntry(_Strict):
-    quantization: Literal[QUANTIZATIONS]
+    quantization: Quantization
     kv_compression: Annotated[float, Field(ge=0.05, le=1.0)] = 1.0
     accuracy_drop: float | None = None
     kl: Annotated[float, Field(ge=0)] | None = None
@@ -123,8 +119,9 @@ class ModelQuality(_Strict):
             accuracy_drop=round(weights.accuracy_drop + cache.accuracy_drop, 6),
             source="assumed",
             note=(
-                f"assumed additive: the {quantization} entry's {weights.accuracy_drop:g} ({weights.source}) + the "
-                f"bf16 kv_compression {kv:g} entry's {cache.accuracy_drop:g} ({cache.source})"
+                f"assumed additive: the {quantization} entry's {weights.accuracy_drop:g} "
+                f"({weights.source}) + the bf16 kv_compression {kv:g} entry's "
+                f"{cache.accuracy_drop:g} ({cache.source})"
             ),
         )
 
@@ -135,8 +132,8 @@ class ModelQuality(_Strict):
         if self.entry(quantization, 1.0) is None:
             return f"no entry for precision {quantization}"
         return (
-            f"no entry for precision {quantization} at kv_compression {kv:g} (nor bf16 at kv_compression "
-            f"{kv:g} to add to its kv_compression 1 entry)"
+            f"no entry for precision {quantization} at kv_compression {kv:g} "
+            f"(nor bf16 at kv_compression {kv:g} to add to its kv_compression 1 entry)"
         )
 
 

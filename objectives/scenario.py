@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 from typing import Annotated, Literal
 
@@ -23,6 +24,10 @@ class Fixed(_Strict):
     def bounds(self) -> tuple[int, int]:
         return self.value, self.value
 
+    @property
+    def typical(self) -> float:
+        return float(self.value)
+
 
 class Uniform(_Strict):
     kind: Literal["uniform"]
@@ -38,6 +43,10 @@ class Uniform(_Strict):
     @property
     def bounds(self) -> tuple[int, int]:
         return self.low, self.high
+
+    @property
+    def typical(self) -> float:
+        return (self.low + self.high) / 2
 
 
 class _Bounded(_Strict):
@@ -60,6 +69,11 @@ class Normal(_Bounded):
     mean: PositiveFloat
     std: Annotated[float, Field(ge=0)]
 
+    @property
+    def typical(self) -> float:
+        """The mean, within the bounds (the truncation's shift is ignored: sizes, not stats)."""
+        return min(max(self.mean, self.min), self.max)
+
 
 class LogNormal(_Bounded):
     """Parametrised by its median and the sigma of the underlying normal."""
@@ -68,10 +82,13 @@ class LogNormal(_Bounded):
     median: PositiveFloat
     sigma: Annotated[float, Field(ge=0)]
 
+    @property
+    def typical(self) -> float:
+        """The mean, within the bounds (the truncation's shift is ignored: sizes, not stats)."""
+        return min(max(self.median * math.exp(self.sigma**2 / 2), self.min), self.max)
 
-LengthDistribution = Annotated[
-    Fixed | Uniform | Normal | LogNormal, Field(discriminator="kind")
-]
+
+LengthDistribution = Annotated[Fixed | Uniform | Normal | LogNormal, Field(discriminator="kind")]
 
 
 class Poisson(_Strict):
@@ -112,6 +129,11 @@ class Workload(_Strict):
     def longest_request(self) -> int:
         return self.input_tokens.bounds[1] + self.output_tokens.bounds[1]
 
+    @property
+    def typical_request(self) -> float:
+        """Tokens a typical request holds in the KV cache once it has generated its output."""
+        return self.input_tokens.typical + self.output_tokens.typical
+
 
 class SLA(_Strict):
     ttft_p99_ms: PositiveFloat
@@ -128,15 +150,12 @@ class QualitySLO(_Strict):
     """How far a config may fall below the model's reference (bf16 weights, KV compression off).
     Every field is optional; each one set is a constraint beside the SLA (objectives.quality)."""
 
-    max_accuracy_drop: Annotated[float, Field(ge=0)] | None = (
-        None  # benchmark points below the reference
-    )
-    min_top1_agreement: Annotated[float, Field(gt=0, le=1)] | None = (
-        None  # share of positions with the reference's top token
-    )
-    max_kl: PositiveFloat | None = (
-        None  # mean KL divergence from the reference's next-token distribution (nats)
-    )
+    # benchmark points below the reference
+    max_accuracy_drop: Annotated[float, Field(ge=0)] | None = None
+    # share of positions with the reference's top token
+    min_top1_agreement: Annotated[float, Field(gt=0, le=1)] | None = None
+    # mean KL divergence from the reference's next-token distribution (nats)
+    max_kl: PositiveFloat | None = None
 
     def bounds(self) -> dict[str, float]:
         """The figure each set field bounds (objectives.quality.FIGURES) and its limit."""
@@ -144,7 +163,8 @@ class QualitySLO(_Strict):
         return {figure: limit for figure, limit in limits.items() if limit is not None}
 
 
-# Each quality figure and the SLO field that bounds it (top-1 agreement from below, the others from above).
+# Each quality figure and the SLO field that bounds it (top-1 agreement from below, the others
+# from above).
 QUALITY_SLO_FIELDS = {
     "accuracy_drop": "max_accuracy_drop",
     "kl": "max_kl",
@@ -153,6 +173,10 @@ QUALITY_SLO_FIELDS = {
 
 
 MAX_PEAK_RATE = 1_000_000.0  # req/s
+# The capacity search's default floor is the nominal rate over this: low enough that the
+# configs users run today (the seed article's batch 8-16 serve 1/2-1/5 of customer-service's
+# nominal rate) get a capacity, four halvings that stop early on a miss.
+MIN_RATE_DIVISOR = 16
 
 
 class Load(_Strict):
@@ -160,15 +184,17 @@ class Load(_Strict):
 
     capacity: search the highest arrival rate (closed loop: concurrency) at which every SLO
     holds, from the scenario's nominal rate (its `rate` or `concurrency`, the traffic of a
-    normal day) up to `max_rate`, bisecting to `precision`; below the nominal rate only down
-    to `min_rate`. fixed: the nominal rate only; throughput is then what that rate delivers.
-    The nominal load always runs whole (its TTFT p99 is an objective); the search's other
-    steps stop as soon as the SLA is certainly missed, unless `early_rejection` is false.
+    normal day) up to `max_rate`, bisecting to `precision`; below the nominal rate down to
+    `min_rate` (default 1/16 of the nominal rate, so a config too slow for the nominal traffic
+    still gets its capacity, shown beside its SLA miss). fixed: the nominal rate only;
+    throughput is then what that rate delivers. The nominal load always runs whole (its TTFT
+    p99 is an objective); the search's other steps stop as soon as the SLA is certainly missed,
+    unless `early_rejection` is false.
     """
 
     mode: Literal["capacity", "fixed"] = "capacity"
     precision: Annotated[float, Field(gt=0, le=0.5)] = 0.05  # relative width of the final bracket
-    min_rate: PositiveFloat | None = None  # default: the nominal rate
+    min_rate: PositiveFloat | None = None  # default: nominal / MIN_RATE_DIVISOR
     max_rate: PositiveFloat | None = None  # default: 64 x the nominal rate
     max_trial_s: PositiveFloat | None = None  # stop a trial's search after this long (real engines)
     # req/s at peak: the front and export size the fleet. A million req/s is beyond any one
@@ -189,9 +215,8 @@ class Scenario(_Strict):
     # offered rate, so many configs tie on it and the second objective should decide).
     tie_tolerance: Annotated[float, Field(ge=0, le=0.5)] = 0.01
     load: Load = Load()
-    quality: QualitySLO | None = (
-        None  # what the configs may cost in accuracy (none: not constrained)
-    )
+    # what the configs may cost in accuracy (none: not constrained)
+    quality: QualitySLO | None = None
 
     @model_validator(mode="after")
     def _rate_bounds_bracket(self):
@@ -199,11 +224,13 @@ class Scenario(_Strict):
         low, high = self.rate_bounds
         if low > nominal:
             raise ValueError(
-                f"load.min_rate ({low:g}) is above the nominal rate ({nominal:g}); it must not exceed it"
+                f"load.min_rate ({low:g}) is above the nominal rate ({nominal:g}); "
+                "it must not exceed it"
             )
         if high < nominal:
             raise ValueError(
-                f"load.max_rate ({high:g}) is below the nominal rate ({nominal:g}); it must be at least that"
+                f"load.max_rate ({high:g}) is below the nominal rate ({nominal:g}); "
+                "it must be at least that"
             )
         if self.closed_loop:
             for field, value in (
@@ -215,18 +242,20 @@ class Scenario(_Strict):
                         f"load.{field} ({value:g}) must be a whole number: a closed loop's "
                         "rate is the number of requests in flight"
                     )
-        if self.load.mode == "capacity" and high <= low:
-            if (
-                self.closed_loop and self.load.max_rate is None
-            ):  # the ceiling is num_requests, not a field set
+        if self.load.mode == "capacity":
+            # A closed loop's default ceiling is num_requests, not a field the user set.
+            if self.closed_loop and self.load.max_rate is None and high <= nominal:
                 raise ValueError(
                     f"workload.num_requests ({self.workload.num_requests}) must be above "
-                    f"workload.arrival.concurrency ({nominal:g}) for a capacity search: a closed loop "
-                    "never has more requests in flight than it sends (or set load.mode: fixed)"
+                    f"workload.arrival.concurrency ({nominal:g}) for a capacity search: "
+                    "a closed loop never has more requests in flight than it sends "
+                    "(or set load.mode: fixed)"
                 )
-            raise ValueError(
-                f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) for a capacity search"
-            )
+            if high <= low:
+                raise ValueError(
+                    f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) "
+                    "for a capacity search"
+                )
         return self
 
     @property
@@ -249,7 +278,14 @@ class Scenario(_Strict):
                 if self.closed_loop
                 else nominal * 64
             )
-        return self.load.min_rate or nominal, high
+        low = self.load.min_rate
+        if low is None:  # a closed loop keeps at least one request in flight
+            low = (
+                max(1.0, nominal // MIN_RATE_DIVISOR)
+                if self.closed_loop
+                else nominal / MIN_RATE_DIVISOR
+            )
+        return low, high
 
     def at_rate(self, rate: float, seed_offset: int = 0) -> Workload:
         """The workload at another rate (concurrency) with fresh requests for `seed_offset` > 0."""

@@ -65,7 +65,8 @@ def quality_constraint_values(
 
 
 def meets_sla(named: dict[str, float]) -> bool:
-    """The latency SLA alone (the quality constraints left out), from a trial's named constraints."""
+    """The latency SLA alone (the quality constraints left out), from a trial's named
+    constraints."""
     return all(value <= 0 for name, value in named.items() if not name.startswith(QUALITY_PREFIX))
 
 

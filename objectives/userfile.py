@@ -66,7 +66,8 @@ def read_text(path: Path, what: str = "file") -> str:
         raise InputError(f"{path}: not a regular file (a pipe, socket or device); give a {what}")
     if info.st_size > MAX_USER_FILE_BYTES:
         raise InputError(
-            f"{path}: {info.st_size:,} bytes; a {what} here is at most {MAX_USER_FILE_BYTES:,} bytes"
+            f"{path}: {info.st_size:,} bytes; "
+            f"a {what} here is at most {MAX_USER_FILE_BYTES:,} bytes"
         )
     try:
         return path.read_bytes().decode("utf-8")

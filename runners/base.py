@@ -1,15 +1,12 @@
-"""The runner interface: run(config, workload) -> Measurement, and the registry of runners."""
+"""The runner interface: run(config, workload) -> Measurement (the registry: runners.registry)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any, Protocol
 
 from objectives.scenario import SLA, Workload
-from objectives.userfile import InputError
-from runners.measurement import Measurement
+from runners.measurement import Fault, Measurement
 from search_spaces.space import SearchSpace
 
 
@@ -38,8 +35,13 @@ class Runner(Protocol):
     def max_context(self) -> tuple[int | None, str]:
         """The model's context in tokens (None when unknown) and the model's name."""
 
+    def batch_ceiling(self, space: SearchSpace, workload: Workload) -> tuple[int, str] | None:
+        """The most sequences worth running at once here, and why (what memory holds for the
+        workload's typical request); None when it is unknown before an engine starts."""
+
     def adapt(self, space: SearchSpace) -> SearchSpace:
-        """The space narrowed to what can run here (e.g. precisions that have weights), with notes."""
+        """The space narrowed to what can run here (e.g. precisions that have weights), with
+        notes."""
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         """Reasons the config cannot run at all here (e.g. memory), known before running."""
@@ -61,7 +63,8 @@ class Runner(Protocol):
         sla: SLA | None = None,
         stop_early: bool = False,
     ) -> Measurement:
-        """Serve the workload with the config once (see run_once). Failures come back as Measurement.fault."""
+        """Serve the workload with the config once (see run_once). Failures come back as
+        Measurement.fault."""
 
 
 def run_once(
@@ -80,60 +83,10 @@ def run_once(
 class FailedSession:
     """A config that never started: every measurement is the same fault."""
 
-    def __init__(self, fault, extra: dict[str, Any] | None = None):
+    def __init__(self, fault: Fault, extra: dict[str, Any] | None = None):
         self.fault, self.extra = fault, extra or {}
 
     def measure(
         self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
     ) -> Measurement:
         return Measurement.failed(self.fault)
-
-
-def _make_sim(
-    engine: str,
-    model: str | None,
-    hardware: str | None,
-    engine_cmd: str | None,
-    runner_config: Path | None,
-) -> Runner:
-    from runners.sim.runner import SimRunner
-
-    for flag, value in (("--engine-cmd", engine_cmd), ("--runner-config", runner_config)):
-        if value is not None:
-            raise InputError(
-                f"{flag}: the sim runner starts no engine; use --runner vllm, llamacpp, mindie or openai"
-            )
-    return SimRunner(engine=engine, model=model or "qwen2-7b", hardware=hardware or "ascend-910b2")
-
-
-def _served(module: str, cls: str) -> Callable[..., Runner]:
-    def make(
-        engine: str,
-        model: str | None,
-        hardware: str | None,
-        engine_cmd: str | None,
-        runner_config: Path | None,
-    ) -> Runner:
-        from importlib import import_module
-
-        from runners.served import load_settings
-
-        runner_cls = getattr(import_module(module), cls)
-        settings = load_settings(
-            runner_cls.settings_model,
-            runner_config,
-            model=Path(model) if model else None,
-            engine_cmd=[engine_cmd] if engine_cmd else None,
-        )
-        return runner_cls(settings, hardware)
-
-    return make
-
-
-RUNNERS: dict[str, Callable[..., Runner]] = {
-    "sim": _make_sim,
-    "vllm": _served("runners.vllm", "VLLMRunner"),
-    "llamacpp": _served("runners.llamacpp", "LlamaCppRunner"),
-    "mindie": _served("runners.mindie", "MindIERunner"),
-    "openai": _served("runners.openai", "OpenAIRunner"),
-}

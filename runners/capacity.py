@@ -19,6 +19,25 @@ ends the search. A closed loop's step that cannot move (rounding to a rate alrea
 ends it too. The capacity is the highest rate that met every SLO; its measured output
 tokens/s and requests/s are the trial's throughput. `max_trial_s` ends the search early; the
 trial says so.
+
+Steady state: every step gets the same verdict whatever the scenario's `num_requests`. A step's
+load is a window of `num_requests` requests (below the nominal rate, in proportion to the rate,
+at least MIN_WINDOW) whose first tenth is warm-up, left out of the
+percentiles (runners.measurement). The window is settled when its verdict cannot be an accident
+of where the load stopped: no percentile SLO (TTFT p99, TPOT p99) within `settle_margin` of its
+bound (30% at 1,000 requests after the warm-up, narrowing as one over the square root of their
+number: a short window's p99 misses or catches the bursts that set the long-run one; nine in ten
+of customer-service's 1,000-request windows near capacity read 0.65-1.3 times it), and, when it
+meets the SLA, a TTFT no longer rising (the TTFT trend at most RISING_TREND: a queue still
+growing breaks any bound in the end). An unsettled window is run again with twice the requests,
+up to EXTENSION_CAP times `num_requests` (a real engine only while `max_trial_s` leaves twice
+the last window's time), and the step is judged on its last window, the longest and closest to
+steady state. A window still unsettled at the cap is a miss: meeting the SLA has to be shown (a
+fleet sized on a lucky window comes up short), except at the nominal rate, whose verdict is the
+trial's SLA constraint as its window measured it; one cut short by `max_trial_s` keeps its
+verdict and says so. Early rejection stays sound: before the last window a load stops only once
+its TTFT p99 is certainly beyond the margin (a miss no longer window would revisit), in the last
+one once it is certainly past the margin's lower edge.
 """
 
 from __future__ import annotations
@@ -29,12 +48,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from objectives.scenario import Scenario
+from objectives.scenario import SLA, Scenario
 from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner, Session
-from runners.measurement import Fault, Measurement, summarize
+from runners.measurement import Fault, Measurement, summarize, warmup_requests
 
 CAPACITY_RAMP = 2.0  # rate factor per bracketing step
+# A cap of 8 gave the same capacities on bench/bench_steady_state.py at 1.4x the cost.
+EXTENSION_CAP = 4  # a step's longest window, in the scenario's num_requests
+# Below the nominal rate a window sends fewer requests, in proportion to its rate, so that it
+# lasts no longer than a nominal one (at 1/16 of customer-service's rate, 1,000 requests would
+# take 44 minutes on a real engine); never fewer than this, for the p99's sake.
+MIN_WINDOW = 200
+# 1,000-request windows below the long-run p99 by 30% or more: about 5% near capacity.
+SETTLE_MARGIN = 0.3  # relative to the bound, at SETTLE_MARGIN_AT requests after the warm-up
+SETTLE_MARGIN_AT = 1000
+SETTLE_MARGIN_MAX = 0.5  # a tiny load's p99 is a guess either way: extend it, within reason
+RISING_TREND = 0.7  # 3-7% of steady customer-service windows exceed it, 93% of growing ones
+MAX_WINDOW_REQUESTS = 1_000_000  # Workload.num_requests' own limit
 
 # The per-step figures kept in the trial, so a latency-throughput curve can be drawn.
 STEP_METRICS = (
@@ -45,22 +76,41 @@ STEP_METRICS = (
     "output_tokens_per_s",
     "requests_per_s",
     "ttft_samples",
+    "ttft_trend",
 )
 
 
 @dataclass
 class Step:
+    """A step judged on its last window: `measurement` and `metrics` are that window's."""
+
     rate: float
     measurement: Measurement
     metrics: dict[str, Any]
     meets_sla: bool
+    windows: int = 1
+    requests_all_windows: int = 0
+    unsettled: str | None = None  # why the last window was judged though not settled
+    cut_short: bool = False  # max_trial_s left no time to extend it
 
     def record(self) -> dict[str, Any]:
-        row = {"rate": self.rate, "meets_sla": self.meets_sla}
+        row: dict[str, Any] = {"rate": self.rate, "meets_sla": self.meets_sla}
         row |= {key: self.metrics.get(key) for key in STEP_METRICS}
-        if self.measurement.fault is not None:
-            row["fault"] = f"{self.measurement.fault.kind}: {self.measurement.fault.message}"[:300]
+        row |= self.horizon()
+        fault = self.measurement.fault
+        if fault is not None:
+            row["fault"] = f"{fault.kind}: {fault.message}"[:300]
         return row
+
+    def horizon(self) -> dict[str, Any]:
+        return {
+            "horizon_requests": self.measurement.sent,
+            "warmup_requests": self.measurement.warmup,
+            "windows": self.windows,
+            "requests_all_windows": self.requests_all_windows,
+            "settled": self.unsettled is None,
+            "unsettled": self.unsettled,
+        }
 
 
 @dataclass
@@ -73,15 +123,89 @@ class Evaluation:
     partial: dict[str, Any] = field(default_factory=dict)  # metrics of a load stopped early
 
 
-def _step(session: Session, scenario: Scenario, rate: float, stop_early: bool) -> Step:
-    m = session.measure(scenario.at_rate(rate), scenario.sla, stop_early)
-    metrics = summarize(m, scenario.sla) if m.sent else {}
-    meets_sla = (
-        m.fault is None
-        and metrics.get("ttft_p99_ms") is not None
-        and is_feasible(constraint_values(metrics, scenario.sla))
+def settle_margin(measured: int) -> float:
+    """How near its bound a percentile SLO's figure leaves a window unsettled, relative to the
+    bound, for a window of `measured` requests after its warm-up."""
+    return min(SETTLE_MARGIN_MAX, SETTLE_MARGIN * math.sqrt(SETTLE_MARGIN_AT / max(measured, 1)))
+
+
+def unsettled(metrics: dict[str, Any], sla: SLA, meets_sla: bool, margin: float) -> str | None:
+    """Why a whole window's verdict could be the accident of its horizon; None when settled."""
+    constraints = constraint_values(metrics, sla)
+    percentiles = {name for name in constraints if name != "success_rate"}
+    if meets_sla:
+        close = [name for name in percentiles if constraints[name] >= -margin]
+        trend = metrics.get("ttft_trend")
+        if not close and trend is not None and trend > RISING_TREND:
+            return f"TTFT still rising (trend {trend:.2f})"
+    else:
+        # A miss can flip only if every SLO it misses is a percentile within the margin.
+        close = [name for name, value in constraints.items() if value > 0]
+        if any(name not in percentiles or constraints[name] > margin for name in close):
+            return None
+    return f"{', '.join(sorted(close))} within {margin:.0%} of the bound" if close else None
+
+
+def _moved(sla: SLA, factor: float) -> SLA:
+    """The SLA with its percentile bounds times `factor`: what early rejection stops on."""
+    tpot = sla.tpot_p99_ms
+    return sla.model_copy(
+        update={
+            "ttft_p99_ms": sla.ttft_p99_ms * factor,
+            "tpot_p99_ms": None if tpot is None else tpot * factor,
+        }
     )
-    return Step(rate, m, metrics, meets_sla)
+
+
+def _step(
+    session: Session,
+    scenario: Scenario,
+    rate: float,
+    stop_early: bool,
+    deadline: float | None = None,
+    unsettled_misses: bool = True,
+) -> Step:
+    """Measure one rate until its window is settled (the module's steady-state rule). The
+    nominal step passes `unsettled_misses=False`: its verdict is its judged window's SLA check,
+    the trial's constraint, which every config's trial is compared on."""
+    sla, base = scenario.sla, scenario.workload.num_requests
+    if rate < scenario.nominal_rate:  # as long as a nominal window, not longer
+        base = max(min(base, MIN_WINDOW), math.ceil(base * rate / scenario.nominal_rate))
+    cap = min(base * EXTENSION_CAP, max(base, MAX_WINDOW_REQUESTS))
+    size, windows, sent = base, 0, 0
+    while True:
+        last = size * 2 > cap
+        margin = settle_margin(size - warmup_requests(size))
+        workload = scenario.at_rate(rate).model_copy(update={"num_requests": size})
+        started = time.monotonic()
+        # Stopped early, a window must be a miss whatever follows: beyond the margin before the
+        # last window; in the last one, anything from the margin's lower edge up is a miss.
+        rejection = _moved(sla, 1 - margin if last else 1 + margin)
+        measurement = session.measure(workload, rejection, stop_early)
+        windows, sent = windows + 1, sent + measurement.sent
+        metrics = summarize(measurement, sla) if measurement.sent else {}
+        meets_sla = (
+            measurement.fault is None
+            and metrics.get("ttft_p99_ms") is not None
+            and is_feasible(constraint_values(metrics, sla))
+        )
+        # A load stopped early, or one without a TTFT, is a miss whatever the horizon.
+        why = (
+            unsettled(metrics, sla, meets_sla, margin)
+            if measurement.fault is None and metrics.get("ttft_p99_ms") is not None
+            else None
+        )
+        if why is not None and not last:
+            elapsed = time.monotonic() - started
+            if deadline is None or time.monotonic() + 2 * elapsed <= deadline:
+                size *= 2
+                continue
+            why += "; no time left to extend it"
+            return Step(rate, measurement, metrics, meets_sla, windows, sent, why, True)
+        if why is not None and unsettled_misses:
+            why += f" at {EXTENSION_CAP}x the scenario's requests: a miss"
+            meets_sla = False
+        return Step(rate, measurement, metrics, meets_sla, windows, sent, why)
 
 
 class _Search:
@@ -101,55 +225,88 @@ class _Search:
         """A closed loop's rate is a whole number of requests in flight."""
         return float(max(1, round(rate))) if self.closed else rate
 
-    def _narrow_enough(self) -> bool:
-        low, high = self.highest_met, self.lowest_missed
-        return (self.closed and high - low <= 1) or high <= low * (1 + self.scenario.load.precision)
+    def _narrow_enough(self, highest_met: float, lowest_missed: float) -> bool:
+        if self.closed and lowest_missed - highest_met <= 1:
+            return True
+        return lowest_missed <= highest_met * (1 + self.scenario.load.precision)
 
-    def _measure(self, rate: float) -> bool:
-        """Measure one step and move the bracket; False when the search has to end: the time is
+    def _measure(self, rate: float) -> Step | None:
+        """Measure one step and move the bracket; None when the search has to end: the time is
         up, the engine failed (a missed SLA or failed requests are a step, not an end), or the
         rate is one already measured (a closed loop's rounding cannot move any further)."""
         if self.engine_fault is not None or any(step.rate == rate for step in self.steps):
-            return False
+            return None
         if self.deadline is not None and time.monotonic() >= self.deadline:
             self.time_limited = True
-            return False
-        step = _step(self.session, self.scenario, rate, self.scenario.load.early_rejection)
+            return None
+        step = _step(
+            self.session, self.scenario, rate, self.scenario.load.early_rejection, self.deadline
+        )
         self.steps.append(step)
+        self.time_limited |= step.cut_short
         fault = step.measurement.fault
         if fault is not None and fault.kind != "sla-violated":
             self.engine_fault = step
-            return False
+            return None
         if step.meets_sla:
             self.highest_met = rate
         else:
             self.lowest_missed = rate
+        return step
+
+    def _ramp_up(self, met_rate: float, ceiling: float) -> bool:
+        """From a rate that met every SLO, double until a step misses one or the ceiling is
+        reached; False when the search has to end."""
+        while met_rate < ceiling:
+            step = self._measure(self._as_rate(min(met_rate * CAPACITY_RAMP, ceiling)))
+            if step is None:
+                return False
+            if not step.meets_sla:
+                return True
+            met_rate = step.rate
         return True
+
+    def _ramp_down(self, missed_rate: float, floor: float) -> bool:
+        """From a rate that missed an SLO, halve until a step meets every one or the floor is
+        reached; False when the search has to end."""
+        while missed_rate > floor:
+            step = self._measure(self._as_rate(max(missed_rate / CAPACITY_RAMP, floor)))
+            if step is None:
+                return False
+            if step.meets_sla:
+                return True
+            missed_rate = step.rate
+        return True
+
+    def _bisect(self) -> None:
+        """Narrow a bracket that has both ends, geometrically (closed loops: whole numbers)."""
+        while True:
+            highest_met, lowest_missed = self.highest_met, self.lowest_missed
+            if highest_met is None or lowest_missed is None:
+                return  # no bracket: every step met (to the ceiling) or missed (to the floor)
+            if self._narrow_enough(highest_met, lowest_missed):
+                return
+            if self.closed:
+                middle = float(math.floor((highest_met + lowest_missed) / 2))
+            else:
+                middle = math.sqrt(highest_met * lowest_missed)
+            if self._measure(middle) is None:
+                return
 
     def run(self, nominal: Step) -> None:
         """From the nominal step: double until a step misses (or the ceiling), else halve until
         one meets (or the floor); then bisect geometrically (closed loops: whole numbers)."""
         floor, ceiling = self.scenario.rate_bounds
         self.steps.append(nominal)
+        self.time_limited |= nominal.cut_short
         if nominal.meets_sla:
             self.highest_met = nominal.rate
+            bracketing = self._ramp_up(nominal.rate, ceiling)
         else:
             self.lowest_missed = nominal.rate
-        while self.lowest_missed is None and self.highest_met < ceiling:
-            if not self._measure(self._as_rate(min(self.highest_met * CAPACITY_RAMP, ceiling))):
-                return
-        while self.highest_met is None and self.lowest_missed > floor:
-            if not self._measure(self._as_rate(max(self.lowest_missed / CAPACITY_RAMP, floor))):
-                return
-        while (
-            self.highest_met is not None
-            and self.lowest_missed is not None
-            and not self._narrow_enough()
-        ):
-            low, high = self.highest_met, self.lowest_missed
-            middle = math.floor((low + high) / 2) if self.closed else math.sqrt(low * high)
-            if not self._measure(float(middle)):
-                return
+            bracketing = self._ramp_down(nominal.rate, floor)
+        if bracketing:
+            self._bisect()
 
 
 def evaluate(
@@ -166,24 +323,27 @@ def evaluate(
             update={"workload": scenario.at_rate(scenario.nominal_rate, seed_offset)}
         )
     started = time.monotonic()
+    limit = scenario.load.max_trial_s
+    deadline = None if limit is None else started + limit
     search = None
     with runner.session(config, scenario.workload) as session:
         if on_session is not None:
             on_session(session)
         # Measured whole: its TTFT p99 is an objective and its SLA check the trial's constraint.
-        nominal = _step(session, scenario, scenario.nominal_rate, stop_early=False)
+        nominal = _step(session, scenario, scenario.nominal_rate, False, deadline, False)
         measured = (
             nominal.measurement.fault is None and nominal.metrics.get("ttft_p99_ms") is not None
         )
         if measured and scenario.load.mode == "capacity":
-            limit = scenario.load.max_trial_s
-            search = _Search(session, scenario, None if limit is None else started + limit)
+            search = _Search(session, scenario, deadline)
             search.run(nominal)
     # After the session: the engine has stopped, and its stop time is among the facts.
     extra = session.extra | nominal.measurement.extra
     if nominal.measurement.fault is not None:
         return Evaluation(extra=extra, fault=nominal.measurement.fault, partial=nominal.metrics)
-    metrics = dict(nominal.metrics)
+    metrics = dict(nominal.metrics) | {
+        key: value for key, value in nominal.horizon().items() if key != "warmup_requests"
+    }
     if search is not None:
         metrics |= _capacity_metrics(scenario, search)
         extra["search_s"] = time.monotonic() - started
@@ -191,31 +351,42 @@ def evaluate(
 
 
 def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
-    good, bad = search.highest_met, search.lowest_missed
-    at = next((s for s in search.steps if s.rate == good and s.meets_sla), None)
-    low_bound, high_bound = scenario.rate_bounds
+    highest_met, lowest_missed = search.highest_met, search.lowest_missed
+    capacity_step = next(
+        (step for step in search.steps if step.rate == highest_met and step.meets_sla), None
+    )
+    floor, ceiling = scenario.rate_bounds
+    capacity_metrics = capacity_step.metrics if capacity_step else None
     metrics: dict[str, Any] = {
-        "capacity_rate": good,  # req/s, or requests in flight for a closed loop
+        "capacity_rate": highest_met,  # req/s, or requests in flight for a closed loop
         "capacity_rate_unit": "concurrency" if scenario.closed_loop else "req/s",
-        "capacity_rps": at.metrics["requests_per_s"] if at else 0.0,
-        "capacity_output_tokens_per_s": at.metrics["output_tokens_per_s"] if at else 0.0,
-        "capacity_ttft_p99_ms": at.metrics["ttft_p99_ms"] if at else None,
-        "capacity_bracket": [good, bad],
-        "capacity_at_ceiling": good is not None and bad is None and good >= high_bound,
+        "capacity_rps": capacity_metrics["requests_per_s"] if capacity_metrics else 0.0,
+        "capacity_output_tokens_per_s": (
+            capacity_metrics["output_tokens_per_s"] if capacity_metrics else 0.0
+        ),
+        "capacity_ttft_p99_ms": capacity_metrics["ttft_p99_ms"] if capacity_metrics else None,
+        # the load that decided it: requests in its judged window, and whether it settled
+        "capacity_horizon_requests": (
+            capacity_step.measurement.sent if capacity_step is not None else None
+        ),
+        "capacity_settled": capacity_step.unsettled is None if capacity_step else None,
+        "capacity_requests_all_steps": sum(step.requests_all_windows for step in search.steps),
+        "capacity_bracket": [highest_met, lowest_missed],
+        "capacity_at_ceiling": (
+            highest_met is not None and lowest_missed is None and highest_met >= ceiling
+        ),
         "capacity_time_limited": search.time_limited,
-        "capacity_steps": [s.record() for s in search.steps],
+        "capacity_steps": [step.record() for step in search.steps],
     }
-    if good is None:
+    if highest_met is None:
+        metrics["capacity_note"] = f"misses the SLA even at the lowest rate searched ({floor:g})"
+    engine_fault = search.engine_fault
+    # An engine fault is a step whose measurement failed other than by missing the SLA.
+    if engine_fault is not None and engine_fault.measurement.fault is not None:
+        fault = engine_fault.measurement.fault
         metrics["capacity_note"] = (
-            f"misses the SLA even at the lowest rate searched ({low_bound:g})"
-        )
-    if search.engine_fault is not None:
-        fault = search.engine_fault.measurement.fault
-        metrics["capacity_note"] = (
-            f"the search stopped at rate {search.engine_fault.rate:g}: {fault.kind}: {fault.message}"[
-                :500
-            ]
-        )
+            f"the search stopped at rate {engine_fault.rate:g}: {fault.kind}: {fault.message}"
+        )[:500]
     if scenario.load.peak_rate is not None:
         rps = metrics["capacity_rps"]
         metrics["instances_for_peak"] = (

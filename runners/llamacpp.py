@@ -38,7 +38,9 @@ convert = importlib.util.module_from_spec(spec)
 sys.modules["convert_hf_to_gguf"] = convert
 spec.loader.exec_module(convert)
 if pre:
-    text_model = getattr(convert, "TextModel", None) or __import__("conversion.base", fromlist=["TextModel"]).TextModel
+    text_model = getattr(convert, "TextModel", None) or __import__(
+        "conversion.base", fromlist=["TextModel"]
+    ).TextModel
     text_model.get_vocab_base_pre = lambda self, tokenizer: pre
 sys.argv = [script, *sys.argv[3:]]
 convert.main()
@@ -48,25 +50,19 @@ convert.main()
 class LlamaCppSettings(RunnerSettings):
     quantize_cmd: Path | None = None  # default: llama-quantize beside llama-server
     convert_script: Path | None = None  # default: convert_hf_to_gguf.py in the folder above bin/
-    convert_python: Path | None = (
-        None  # a Python with torch, safetensors, numpy; default: autotune's
-    )
-    pre_tokenizer: str | None = (
-        None  # force convert_hf_to_gguf's pre-tokenizer (a custom tokenizer)
-    )
+    # a Python with torch, safetensors, numpy; default: autotune's
+    convert_python: Path | None = None
+    # force convert_hf_to_gguf's pre-tokenizer (a custom tokenizer)
+    pre_tokenizer: str | None = None
     gguf_cache: Path = Path.home() / ".cache" / "autotune" / "gguf"
-    threads: int | None = Field(
-        default=None, ge=1
-    )  # -t; 1 makes runs repeat within ~1% on a busy CPU
-    flash_attention: bool = (
-        True  # -fa on: quantized V caches need it; kept on so KV type is the only change
-    )
-    perplexity_cmd: Path | None = (
-        None  # llama-perplexity (the quality figure); default: beside llama-server
-    )
-    quality_timeout_s: PositiveFloat = (
-        1800.0  # one llama-perplexity run (a 7B model on a CPU takes minutes)
-    )
+    # -t; 1 makes runs repeat within ~1% on a busy CPU
+    threads: int | None = Field(default=None, ge=1)
+    # -fa on: quantized V caches need it; kept on so KV type is the only change
+    flash_attention: bool = True
+    # llama-perplexity (the quality figure); default: beside llama-server
+    perplexity_cmd: Path | None = None
+    # one llama-perplexity run (a 7B model on a CPU takes minutes)
+    quality_timeout_s: PositiveFloat = 1800.0
 
 
 def _run_step(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -80,16 +76,18 @@ class LlamaCppRunner(ServedRunner):
     name = "llamacpp"
     engine = "llamacpp"
     settings_model = LlamaCppSettings
+    settings: LlamaCppSettings
 
     def __init__(self, settings: LlamaCppSettings, hardware: str | None = None):
         super().__init__(settings, hardware)
         self.require_command_and_model("the path of llama-server")
-        server = Path(settings.engine_cmd[0])
+        server = Path(self.engine_command()[0])
+        model = self.model_dir()
         self.quantize_cmd = settings.quantize_cmd or server.with_name("llama-quantize")
         self.convert_script = (
             settings.convert_script or server.parent.parent / "convert_hf_to_gguf.py"
         )
-        self.cache = settings.gguf_cache / f"{settings.model.name}-{model_key(settings.model)}"
+        self.cache = settings.gguf_cache / f"{model.name}-{model_key(model)}"
         self.perplexity_cmd = settings.perplexity_cmd or server.with_name("llama-perplexity")
         if not (self.cache / "BF16.gguf").exists() and not self.convert_script.is_file():
             raise InputError(
@@ -171,7 +169,7 @@ class LlamaCppRunner(ServedRunner):
     ) -> Launch:
         gguf = self.gguf(config.get("quantization", "bf16"))
         argv = [
-            *self.settings.engine_cmd,
+            *self.engine_command(),
             "-m",
             str(gguf),
             "--host",
@@ -189,5 +187,5 @@ class LlamaCppRunner(ServedRunner):
         return Launch(
             argv=argv,
             model=SERVED_NAME,
-            extra_body={"logit_bias": special_token_bias(self.settings.model)},
+            extra_body={"logit_bias": special_token_bias(self.model_dir())},
         )

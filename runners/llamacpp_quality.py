@@ -167,7 +167,8 @@ class PerplexityQuality:
         return base, context
 
     def kl(self, precision: str, kv_type: str, prompts: list[str]) -> tuple[KLDivergence, int]:
-        """The KL run of a precision's GGUF with a KV-cache type, against the reference; and its -c."""
+        """The KL run of a precision's GGUF with a KV-cache type, against the reference; and its
+        -c."""
         base, context = self.reference(prompts)
         argv = [
             str(self.command),
@@ -189,16 +190,16 @@ class PerplexityQuality:
         precision, kv = quality_pair(config)
         result, context = self.kl(precision, cache_type(kv), prompts)
         return QualityFigure(
-            kl=max(
-                result.mean_kld, 0.0
-            ),  # the base file's 16-bit log-probs can leave -1e-6 for identical runs
+            # the base file's 16-bit log-probs can leave -1e-6 for identical runs
+            kl=max(result.mean_kld, 0.0),
             top1_agreement=result.same_top,
             source="measured",
             samples=result.positions,
             note=(
-                f"{describe_pair(config)} against the reference (BF16 GGUF, f16 KV cache): llama-perplexity "
-                f"--kl-divergence over the full vocabulary, -c {context} (the last {context - 1 - context // 2} "
-                f"positions of each chunk scored), evaluation set {eval_set_hash(prompts)}; "
+                f"{describe_pair(config)} against the reference (BF16 GGUF, f16 KV cache): "
+                f"llama-perplexity --kl-divergence over the full vocabulary, -c {context} "
+                f"(the last {context - 1 - context // 2} positions of each chunk scored), "
+                f"evaluation set {eval_set_hash(prompts)}; "
                 f"{time.monotonic() - started:.1f} s"
             ),
         )

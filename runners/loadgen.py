@@ -7,8 +7,8 @@ dropped. Metric definitions live in runners/measurement.py.
 
 Early rejection: Optuna cannot prune multi-objective trials, so a load asked to stop early
 stops as soon as its SLA is certainly missed, counting as the metrics do: the TTFT p99 covers
-successful requests, the success rate counts failed ones, and a late request still in flight
-may end either way (runners.measurement.load_certainly_fails).
+successful requests after the warm-up, the success rate counts every failed one, and a late
+request still in flight may end either way (runners.measurement.load_certainly_fails).
 
 A token is counted when the server says it was generated, not when it shows text: a token that
 ends inside a multi-byte character (or a random model's special token) streams as empty text.
@@ -23,13 +23,13 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
 
 from objectives.scenario import SLA
-from runners.measurement import Measurement, load_certainly_fails
+from runners.measurement import Measurement, load_certainly_fails, warmup_requests
 from runners.workload import Requests
 
 WATCH_INTERVAL_S = 0.05
@@ -53,6 +53,21 @@ class RejectionRule:
     @classmethod
     def of(cls, sla: SLA) -> RejectionRule:
         return cls(sla.ttft_p99_ms / 1000, sla.required_success_rate)
+
+
+class LateTally(NamedTuple):
+    """Where a load stands against its TTFT bound (runners.measurement.load_certainly_fails):
+    the first three count the requests after the warm-up."""
+
+    late_ok: int  # successful requests whose first token came after the bound
+    late_in_flight: int  # requests still in flight that have waited past the bound
+    failed: int  # failed requests
+    warmup_failed: int = 0  # failed requests of the warm-up
+
+
+class LoadResult(NamedTuple):
+    measurement: Measurement
+    rejected: str | None  # why the load was stopped early; None when it ran whole
 
 
 @dataclass
@@ -86,6 +101,8 @@ class _Load:
         self.prompts = prompts
         self.requests = requests
         self.records = [_Record() for _ in range(len(requests))]
+        # The load's own warm-up, its first requests; `run`'s warm-up prompts come before it.
+        self.warmup_requests = warmup_requests(len(requests))
         self.rejection = rejection
         self.rejected: str | None = None
         self.done = asyncio.Event()
@@ -106,9 +123,9 @@ class _Load:
             **self.target.extra_body,
         }
 
-    async def send(self, client: httpx.AsyncClient, i: int) -> None:
-        record = self.records[i]
-        body = self.payload(self.prompts[i], int(self.requests.output_tokens[i]))
+    async def send(self, client: httpx.AsyncClient, index: int) -> None:
+        record = self.records[index]
+        body = self.payload(self.prompts[index], int(self.requests.output_tokens[index]))
         try:
             await asyncio.wait_for(
                 self._stream(client, body, record), self.target.request_timeout_s * 4
@@ -128,8 +145,8 @@ class _Load:
         self._check_rejection()
 
     async def _stream(self, client: httpx.AsyncClient, body: dict, record: _Record) -> None:
-        last = None
-        chunks = 0
+        last_text_s = None
+        text_chunks = 0
         # Built (JSON encoded) before the send time is stamped: TTFT starts when the request leaves.
         request = client.build_request("POST", f"{self.target.base_url}/v1/completions", json=body)
         record.send = self.now()
@@ -154,13 +171,13 @@ class _Load:
                 if choices and math.isnan(record.first_chunk):
                     record.first_chunk = stamp
                 if choices and choices[0].get("text"):
-                    if last is None:
+                    if last_text_s is None:
                         record.first = stamp
                         self._check_rejection()
                     else:
-                        record.gaps.append(stamp - last)
-                    last = stamp
-                    chunks += 1
+                        record.gaps.append(stamp - last_text_s)
+                    last_text_s = stamp
+                    text_chunks += 1
                 usage = chunk.get("usage")
                 if usage:
                     record.prompt_tokens = int(usage["prompt_tokens"])
@@ -170,45 +187,57 @@ class _Load:
         if record.error:
             return
         if record.output_tokens == 0:
-            record.output_tokens = chunks  # a server without usage: one chunk per token
+            record.output_tokens = text_chunks  # a server without usage: one chunk per token
         if record.output_tokens == 0:
             record.error = "the stream ended without a token"
-        elif last is None or record.first_chunk < record.first:
+        elif last_text_s is None or record.first_chunk < record.first:
             record.first_invisible = True
-            if last is None:  # generated tokens (per usage), none of them visible text
+            if last_text_s is None:  # generated tokens (per usage), none of them visible text
                 record.first = record.first_chunk
 
-    def tally(self) -> tuple[int, int, int]:
-        """(successful requests that were late, late requests still in flight, failed requests)."""
-        bound = self.rejection.ttft_bound_s
+    def tally(self, ttft_bound_s: float) -> LateTally:
+        """The sent requests counted against a TTFT bound: late ones (by outcome) and failed."""
         now = self.now()
-        late_ok = late_in_flight = failed = 0
-        for r in self.records:
-            if math.isnan(r.send):
+        late_ok = late_in_flight = failed = warmup_failed = 0
+        for index, record in enumerate(self.records):
+            if math.isnan(record.send):
                 continue
-            if r.error:
-                failed += 1
+            if record.error:
+                if index < self.warmup_requests:
+                    warmup_failed += 1
+                else:
+                    failed += 1
+                continue
+            if index < self.warmup_requests:
                 continue
             # A token that streamed as empty text is a token: its chunk ends the wait too.
-            first = r.first if not math.isnan(r.first) else r.first_chunk
-            waited = (now if math.isnan(first) else first) - r.send
-            if waited > bound:
-                late_ok += r.ok
-                late_in_flight += r.in_flight
-        return late_ok, late_in_flight, failed
+            first = record.first if not math.isnan(record.first) else record.first_chunk
+            waited = (now if math.isnan(first) else first) - record.send
+            if waited > ttft_bound_s:
+                late_ok += record.ok
+                late_in_flight += record.in_flight
+        return LateTally(late_ok, late_in_flight, failed, warmup_failed)
 
     def _check_rejection(self) -> None:
-        if self.rejection is None or self.rejected:
-            return
-        late_ok, late_in_flight, failed = self.tally()
         rule = self.rejection
+        if rule is None or self.rejected:
+            return
+        tally = self.tally(rule.ttft_bound_s)
         if load_certainly_fails(
-            len(self.records), late_ok, late_in_flight, failed, rule.min_success_rate
+            len(self.records),
+            tally.late_ok,
+            tally.late_in_flight,
+            tally.failed,
+            rule.min_success_rate,
+            self.warmup_requests,
+            tally.warmup_failed,
         ):
             self.rejected = (
-                f"SLA certainly broken (TTFT p99 bound {rule.ttft_bound_s * 1000:g} ms, success rate "
-                f">= {rule.min_success_rate:g}): of {len(self.records)} planned requests {late_ok} "
-                f"succeeded late, {late_in_flight} are late in flight, {failed} failed"
+                f"SLA certainly broken (TTFT p99 bound {rule.ttft_bound_s * 1000:g} ms, "
+                f"success rate >= {rule.min_success_rate:g}): of {len(self.records)} planned "
+                f"requests, after a warm-up of {self.warmup_requests}, {tally.late_ok} "
+                f"succeeded late, {tally.late_in_flight} are late in flight, "
+                f"{tally.failed + tally.warmup_failed} failed"
             )
             self.done.set()
 
@@ -217,10 +246,10 @@ class _Load:
             self._check_rejection()
             await asyncio.sleep(WATCH_INTERVAL_S)
 
-    async def open_loop(self, client: httpx.AsyncClient) -> None:
+    async def open_loop(self, client: httpx.AsyncClient, arrival_s: np.ndarray) -> None:
         tasks = []
-        for i, at in enumerate(self.requests.arrival_s):
-            delay = at - self.now()
+        for i, arrival in enumerate(arrival_s):
+            delay = arrival - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
             if self.done.is_set():
@@ -228,7 +257,7 @@ class _Load:
             tasks.append(asyncio.create_task(self.send(client, i)))
         await asyncio.gather(*tasks)
 
-    async def closed_loop(self, client: httpx.AsyncClient) -> None:
+    async def closed_loop(self, client: httpx.AsyncClient, concurrency: int) -> None:
         pending = iter(range(len(self.requests)))
 
         async def user() -> None:
@@ -237,7 +266,7 @@ class _Load:
                     return
                 await self.send(client, i)
 
-        await asyncio.gather(*(user() for _ in range(self.requests.concurrency)))
+        await asyncio.gather(*(user() for _ in range(concurrency)))
 
     async def run(self, warmup: list[str]) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -249,11 +278,13 @@ class _Load:
                 if warm.error:
                     raise httpx.HTTPError(f"warm-up request failed: {warm.error}")
             self.t0 = time.perf_counter()
-            drive = (
-                self.open_loop(client)
-                if self.requests.arrival_s is not None
-                else self.closed_loop(client)
-            )
+            arrival_s, concurrency = self.requests.arrival_s, self.requests.concurrency
+            if arrival_s is not None:
+                drive = self.open_loop(client, arrival_s)
+            elif concurrency is not None:
+                drive = self.closed_loop(client, concurrency)
+            else:  # make_requests gives one or the other
+                raise ValueError("requests without arrival times need a concurrency")
             load = asyncio.create_task(drive)
             watcher = asyncio.create_task(self.watch())
             stopper = asyncio.create_task(self.done.wait())
@@ -270,42 +301,45 @@ def drive(
     requests: Requests,
     warmup: list[str],
     rejection: RejectionRule | None,
-) -> tuple[Measurement, str | None]:
+) -> LoadResult:
     """Run the load; the measurement and, when it was stopped early (by `rejection`), why."""
     load = _Load(target, prompts, requests, rejection)
     asyncio.run(load.run(warmup))
     records = load.records
-    sent = [r for r in records if not math.isnan(r.send)]
+    sent = [record for record in records if not math.isnan(record.send)]
     if load.rejected:
-        for r in sent:  # cancelled in flight: unfinished, not successful
-            if r.ok is False and not r.error:
-                r.error = "stopped by early rejection"
-    planned_inputs = requests.input_tokens[: len(sent)]
+        for record in sent:  # cancelled in flight: unfinished, not successful
+            if record.ok is False and not record.error:
+                record.error = "stopped by early rejection"
+    planned_inputs = requests.input_tokens[: len(sent)]  # as many: no more sent than planned
     inputs = np.array(
         [
-            r.prompt_tokens if r.prompt_tokens >= 0 else planned
-            for r, planned in zip(sent, planned_inputs)
+            record.prompt_tokens if record.prompt_tokens >= 0 else planned
+            for record, planned in zip(sent, planned_inputs, strict=True)
         ],
         dtype=np.int64,
     )
-    gaps = [g for r in sent if r.ok for g in r.gaps]
+    gaps = [gap for record in sent if record.ok for gap in record.gaps]
     measurement = Measurement(
-        send_s=np.array([r.send for r in sent]),
-        first_token_s=np.array([r.first for r in sent]),
-        finish_s=np.array([r.finish if r.ok else math.nan for r in sent]),
+        send_s=np.array([record.send for record in sent]),
+        first_token_s=np.array([record.first for record in sent]),
+        finish_s=np.array([record.finish if record.ok else math.nan for record in sent]),
         input_tokens=inputs,
-        output_tokens=np.array([r.output_tokens for r in sent], dtype=np.int64),
-        ok=np.array([r.ok for r in sent], dtype=bool),
+        output_tokens=np.array([record.output_tokens for record in sent], dtype=np.int64),
+        ok=np.array([record.ok for record in sent], dtype=bool),
         itl_s=np.array(gaps),
+        warmup=min(load.warmup_requests, len(sent)),
     )
-    errors = [r.error for r in sent if r.error]
+    errors = [record.error for record in sent if record.error]
     measurement.extra["requests_planned"] = len(records)
     measurement.extra["errors"] = len(errors)
-    measurement.extra["invisible_first_tokens"] = sum(r.first_invisible for r in sent if r.ok)
-    stalls = [r.error for r in sent if r.stalled]
+    measurement.extra["invisible_first_tokens"] = sum(
+        record.first_invisible for record in sent if record.ok
+    )
+    stalls = [record.error for record in sent if record.stalled]
     measurement.extra["stalled"] = len(stalls)
     if stalls:
         measurement.extra["first_stall"] = stalls[0]
     if errors:
         measurement.extra["first_error"] = errors[0]
-    return measurement, load.rejected
+    return LoadResult(measurement, load.rejected)

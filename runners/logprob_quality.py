@@ -32,16 +32,16 @@ from runners.quality import (
     reference_path,
 )
 
-TOP_K = 20  # logprobs per position: vLLM's default --max-logprobs (its cap), which the runner passes explicitly
-WINDOW = 64  # tokens per evaluated sequence: short enough for any trial's max-model-len, long prompts are cut
-_FLOOR = (
-    1e-12  # a bucket the candidate gives no mass: a huge but finite divergence, not an infinity
-)
+# logprobs per position: vLLM's default --max-logprobs (its cap), which the runner passes explicitly
+TOP_K = 20
+# tokens per evaluated sequence: short enough for any trial's max-model-len, long prompts are cut
+WINDOW = 64
+# a bucket the candidate gives no mass: a huge but finite divergence, not an infinity
+_FLOOR = 1e-12
 FORMAT = 1  # of the reference file; a change of format or method is a new file
 
-Distribution = dict[
-    int, float
-]  # token id -> logprob: the k most likely tokens and the prompt's own
+# token id -> logprob: the k most likely tokens and the prompt's own
+Distribution = dict[int, float]
 
 
 def token_windows(tokenizer, prompts: list[str], window: int = WINDOW) -> list[list[int]]:
@@ -114,7 +114,8 @@ def _parse_position(entry: Any, token: int, where: str) -> Distribution:
 def fetch_prompt_logprobs(
     base_url: str, model: str, windows: list[list[int]], timeout_s: float, top_k: int = TOP_K
 ) -> list[list[Distribution]]:
-    """The server's top-k distributions at positions 1.. of every window (position 0 has no context)."""
+    """The server's top-k distributions at positions 1.. of every window (position 0 has no
+    context)."""
     sequences = []
     with httpx.Client(timeout=timeout_s) as client:
         for window in windows:
@@ -207,7 +208,8 @@ def _endpoint(session) -> tuple[str, str]:
 
 
 def _reference_workload(windows: list[list[int]]) -> Workload:
-    """Sizes the reference session to the evaluation windows (max-model-len: a window and one token)."""
+    """Sizes the reference session to the evaluation windows (max-model-len: a window and one
+    token)."""
     return Workload(
         arrival=Closed(kind="closed", concurrency=1),
         num_requests=1,
@@ -222,7 +224,8 @@ def _measure_reference(
     timeout = runner.settings.request_timeout_s
     if session is not None and is_reference(config):  # this session serves the reference itself
         return fetch_prompt_logprobs(*_endpoint(session), windows, timeout)
-    # An engine of its own (beside the trial's, if one runs), once per model, engine and evaluation set.
+    # An engine of its own (beside the trial's, if one runs), once per model, engine and
+    # evaluation set.
     with runner.session(reference_config(config), _reference_workload(windows)) as reference:
         if isinstance(reference, FailedSession):
             raise QualityUnavailable(
@@ -236,7 +239,8 @@ def ensure_reference(
     runner, config: dict[str, Any], prompts: list[str], session=None
 ) -> tuple[Reference, bool]:
     """The reference's distributions: from disk, else measured now and kept, in `session` when it
-    serves the reference config, else in a reference engine of its own. True: measured in `session`."""
+    serves the reference config, else in a reference engine of its own. True: measured in
+    `session`."""
     path = reference_path(
         runner.settings.quality_cache, runner.settings.model, runner.name, prompts, ".json"
     )
@@ -259,11 +263,13 @@ def ensure_reference(
 def measure_by_prompt_logprobs(
     runner, config: dict[str, Any], session, prompts: list[str]
 ) -> QualityFigure:
-    """The config's quality in this session against the reference's distributions (see ensure_reference)."""
+    """The config's quality in this session against the reference's distributions (see
+    ensure_reference)."""
     reference, measured_here = ensure_reference(runner, config, prompts, session)
     how = (
-        f"{runner.name} prompt_logprobs (top {TOP_K}), teacher-forced on {len(reference.windows)} sequences "
-        f"of at most {WINDOW} tokens of evaluation set {eval_set_hash(prompts)}"
+        f"{runner.name} prompt_logprobs (top {TOP_K}), teacher-forced on "
+        f"{len(reference.windows)} sequences of at most {WINDOW} tokens of evaluation set "
+        f"{eval_set_hash(prompts)}"
     )
     if measured_here:  # this very measurement is the reference: nothing to differ from
         positions = sum(len(seq) for seq in reference.distributions)
@@ -284,8 +290,9 @@ def measure_by_prompt_logprobs(
         source="measured",
         samples=positions,
         note=(
-            f"{describe_pair(config)} against the reference (bf16 weights, kv_compression 1, measured "
-            f"{reference.measured_at}): {how}; KL over the tokens both top-{TOP_K} lists share plus one "
-            "bucket for the rest of the mass (a lower bound of the full KL); raw logprobs, no logit_bias"
+            f"{describe_pair(config)} against the reference (bf16 weights, kv_compression 1, "
+            f"measured {reference.measured_at}): {how}; KL over the tokens both top-{TOP_K} lists "
+            "share plus one bucket for the rest of the mass (a lower bound of the full KL); "
+            "raw logprobs, no logit_bias"
         ),
     )

@@ -10,6 +10,15 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
 - goodput (DistServe): successful requests that meet every SLO of the scenario / duration.
 - success rate: successful requests / requests sent.
 - offered rate: (requests sent - 1) / (last send - first send), what the load really offered.
+- warm-up: the first tenth of a load's requests (send order; `warmup_requests`) meet an empty
+  engine, which flatters them (customer-service near capacity: the first 50 of 1,000 wait half
+  as long as the rest). They are served and count in throughput, goodput and the success
+  rate, but not in the latency percentiles (TTFT, TPOT, E2EL; ITL gaps are not kept per
+  request and cover every request) nor in early rejection's count of late requests.
+- TTFT trend: the Spearman rank correlation between the order of eight consecutive slices of
+  the measured successful requests and their median TTFT (0 when the medians lie within 1% of
+  each other); near 1 when the queue is still growing when the load ends (runners.capacity
+  decides what that means for a verdict).
 Percentiles use numpy's linear interpolation over successful requests and always carry the
 number of samples they stand on; a p99 from fewer than 100 samples is flagged.
 """
@@ -25,6 +34,15 @@ import numpy as np
 from objectives.scenario import SLA
 
 P99_MIN_SAMPLES = 100
+WARMUP_SHARE = 0.1
+TREND_SLICES = 8  # fewer slices than this many samples each give no trend
+TREND_MIN_PER_SLICE = 10
+TREND_FLAT = 0.01  # slice medians this close (relative to their mean) have no trend
+
+
+def warmup_requests(planned: int) -> int:
+    """How many of a load's `planned` requests, the first ones sent, are its warm-up."""
+    return int(WARMUP_SHARE * planned)
 
 
 def p99_breaking_count(planned: int) -> int:
@@ -33,21 +51,29 @@ def p99_breaking_count(planned: int) -> int:
 
 
 def load_certainly_fails(
-    planned: int, late_ok: int, late_in_flight: int, failed: int, min_success_rate: float
+    planned: int,
+    late_ok: int,
+    late_in_flight: int,
+    failed: int,
+    min_success_rate: float,
+    warmup: int = 0,
+    warmup_failed: int = 0,
 ) -> bool:
     """Whether a load of `planned` requests misses its SLA whatever its unfinished requests do.
 
-    The TTFT p99 covers successful requests only, and the success rate counts failures, so a
-    late request still in flight may end either way: late (a p99 sample above the bound) or
-    failed (one sample fewer, one failure more). The load certainly fails only if every split
-    of those breaks one of the two; requests not yet answered in time may all still succeed.
+    The TTFT p99 covers successful requests after the `warmup` first ones, and the success rate
+    counts every failure, so a late request still in flight may end either way: late (a p99
+    sample above the bound) or failed (one sample fewer, one failure more). The load certainly
+    fails only if every split of those breaks one of the two; requests not yet answered in time
+    may all still succeed. late_ok, late_in_flight and failed count requests after the warm-up;
+    warmup_failed the warm-up's failures.
     """
     allowed_failures = math.floor((1.0 - min_success_rate) * planned + 1e-9)
     for failing in range(late_in_flight + 1):
         failures = failed + failing
-        if failures > allowed_failures:
+        if failures + warmup_failed > allowed_failures:
             continue  # this future breaks the success rate
-        successes_at_most = planned - failures
+        successes_at_most = planned - warmup - failures
         if successes_at_most <= 0 or late_ok + late_in_flight - failing < p99_breaking_count(
             successes_at_most
         ):
@@ -77,6 +103,7 @@ class Measurement:
     peak_kv_usage: float | None = None
     itl_s: np.ndarray | None = None  # every inter-chunk gap of successful requests
     fault: Fault | None = None
+    warmup: int = 0  # the first requests sent, left out of the percentiles (warmup_requests)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -105,26 +132,45 @@ def _percentiles(name: str, samples: np.ndarray, qs: tuple[int, ...]) -> dict[st
     return out
 
 
+def ttft_trend(ttft: np.ndarray) -> float | None:
+    """Spearman's rank correlation of TREND_SLICES consecutive slices' median TTFT with their
+    order: tied medians share their mean rank; medians within TREND_FLAT of each other (a
+    constant TTFT's rounding, say) have none; None when a slice would hold fewer than
+    TREND_MIN_PER_SLICE samples."""
+    if ttft.size < TREND_SLICES * TREND_MIN_PER_SLICE:
+        return None
+    medians = np.array([np.median(part) for part in np.array_split(ttft, TREND_SLICES)])
+    if np.ptp(medians) <= TREND_FLAT * abs(np.mean(medians)):
+        return 0.0
+    ranks = np.array([np.sum(medians < x) + (np.sum(medians == x) - 1) / 2 for x in medians])
+    return float(np.corrcoef(ranks, np.arange(TREND_SLICES))[0, 1])
+
+
 def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
     """Every metric of a measurement, flat, ready to store as trial user attributes."""
     ok = m.ok.astype(bool)
-    ttft = (m.first_token_s - m.send_s)[ok]
-    e2el = (m.finish_s - m.send_s)[ok]
+    # The percentiles' samples: successful requests after the warm-up.
+    measured = ok & (np.arange(m.sent) >= m.warmup)
+    ttft_all = m.first_token_s - m.send_s
+    e2el_all = m.finish_s - m.send_s
+    ttft = ttft_all[measured]
+    e2el = e2el_all[measured]
+    multi = m.output_tokens[measured] > 1
+    tpot = (e2el[multi] - ttft[multi]) / (m.output_tokens[measured][multi] - 1)
     out_tokens = m.output_tokens[ok]
-    multi = out_tokens > 1
-    tpot = (e2el[multi] - ttft[multi]) / (out_tokens[multi] - 1)
     finished = m.finish_s[ok]
     duration = float(finished.max() - m.send_s.min()) if finished.size else 0.0
     per_s = (lambda x: float(x) / duration) if duration > 0 else (lambda x: 0.0)
     send_span = float(m.send_s.max() - m.send_s.min()) if m.sent > 1 else 0.0
 
-    meets = ttft * 1000 <= sla.ttft_p99_ms
+    meets = ttft_all[ok] * 1000 <= sla.ttft_p99_ms
     if sla.tpot_p99_ms is not None:
-        tpot_all = np.where(out_tokens > 1, (e2el - ttft) / np.maximum(out_tokens - 1, 1), 0.0)
-        meets &= tpot_all * 1000 <= sla.tpot_p99_ms
+        gaps = (e2el_all[ok] - ttft_all[ok]) / np.maximum(out_tokens - 1, 1)
+        meets &= np.where(out_tokens > 1, gaps, 0.0) * 1000 <= sla.tpot_p99_ms
 
     metrics: dict[str, Any] = {
         "requests_sent": m.sent,
+        "warmup_requests": m.warmup,
         "requests_ok": int(ok.sum()),
         "success_rate": float(ok.sum() / m.sent) if m.sent else 0.0,
         "duration_s": duration,
@@ -141,4 +187,5 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
     if m.itl_s is not None:
         metrics |= _percentiles("itl", m.itl_s, (50, 99))
     metrics["p99_low_samples"] = int(ttft.size) < P99_MIN_SAMPLES
+    metrics["ttft_trend"] = ttft_trend(ttft)
     return metrics

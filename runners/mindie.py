@@ -54,6 +54,7 @@ class MindIERunner(ServedRunner):
     name = "mindie"
     engine = "mindie"
     settings_model = MindIESettings
+    settings: MindIESettings
 
     def __init__(self, settings: MindIESettings, hardware: str | None = None):
         super().__init__(settings, hardware)
@@ -70,9 +71,8 @@ class MindIERunner(ServedRunner):
         defaults: dict[str, Any] = {}
         if not settings.engine_cmd:
             defaults["engine_cmd"] = [str(settings.install_dir / "bin" / "mindieservice_daemon")]
-        if (
-            settings.model is None
-        ):  # the installation's own model serves bf16 and lends its tokenizer
+        # The installation's own model serves bf16 and lends its tokenizer.
+        if settings.model is None:
             installed = self._deploy(self.base).get("ModelConfig", [{}])[0].get("modelWeightPath")
             defaults["model"] = Path(installed) if installed else None
         self.settings = settings.model_copy(update=defaults)
@@ -89,10 +89,11 @@ class MindIERunner(ServedRunner):
     def render_config(
         self, native: dict[str, Any], ports: tuple[int, int, int], workload_max: tuple[int, int]
     ) -> dict:
-        """The trial's config.json: the installed one with the knobs' native form (`render("mindie", ...)`)
-        and this trial's ports and sizes written in."""
+        """The trial's config.json: the installed one with the knobs' native form
+        (`render("mindie", ...)`) and this trial's ports and sizes written in."""
         rendered = copy.deepcopy(self.base)
-        # MindIE >= 1.0 nests ScheduleConfig and ModelDeployConfig under BackendConfig; older ones do not.
+        # MindIE >= 1.0 nests ScheduleConfig and ModelDeployConfig under BackendConfig; older
+        # ones do not.
         nested = "BackendConfig" in rendered or "ScheduleConfig" not in rendered
         backend = rendered.setdefault("BackendConfig", {}) if nested else rendered
         schedule = native.get("config", {}).get("ScheduleConfig", {})
@@ -138,7 +139,7 @@ class MindIERunner(ServedRunner):
         log = trial_dir / "engine.log"
         ready = log_line_ready(log, READY_LINE, http_ready(f"http://127.0.0.1:{port}/health"))
         return Launch(
-            argv=[*self.settings.engine_cmd, *self.settings.extra_args],
+            argv=[*self.engine_command(), *self.settings.extra_args],
             env=env,
             ready=ready,
             model=SERVED_NAME,

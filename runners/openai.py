@@ -17,8 +17,10 @@ from typing import Any
 import httpx
 from pydantic import Field
 
+from objectives.quality import QualityFigure
 from objectives.scenario import Workload
 from objectives.userfile import InputError
+from runners.base import Session
 from runners.process import http_ready
 from runners.quality import QualityUnavailable
 from runners.served import Launch, RunnerSettings, ServedRunner
@@ -31,14 +33,17 @@ class OpenAISettings(RunnerSettings):
     base_url: str | None = None  # an already-running server (no engine_cmd)
     served_model: str | None = None  # the requests' `model`; default: the first of /v1/models
     ready_path: str = "/v1/models"
-    # Per knob, the text each value becomes, e.g. select_batch: {decode-first: --enable-mixed-chunk, prefill-first: ""}
+    # Per knob, the text each value becomes, e.g.
+    # select_batch: {decode-first: --enable-mixed-chunk, prefill-first: ""}
     knob_values: dict[str, dict[str, str]] = Field(default_factory=dict)
 
 
 class OpenAIRunner(ServedRunner):
     name = "openai"
-    engine = "vllm"  # the knob vocabulary and preset ranges; the template decides what reaches the server
+    # the knob vocabulary and preset ranges; the template decides what reaches the server
+    engine = "vllm"
     settings_model = OpenAISettings
+    settings: OpenAISettings
 
     def __init__(self, settings: OpenAISettings, hardware: str | None = None):
         super().__init__(settings, hardware)
@@ -88,8 +93,11 @@ class OpenAIRunner(ServedRunner):
                 f"kv_compression 1): {how}"
             )
 
-    def measure_quality(self, config: dict[str, Any], session, eval_prompts: list[str]):
-        self._can_start_the_reference()  # then prompt_logprobs as vLLM's, when the server returns them
+    def measure_quality(
+        self, config: dict[str, Any], session: Session, eval_prompts: list[str]
+    ) -> QualityFigure:
+        # then prompt_logprobs as vLLM's, when the server returns them
+        self._can_start_the_reference()
         return super().measure_quality(config, session, eval_prompts)
 
     def prepare_quality(self, config: dict[str, Any], eval_prompts: list[str]) -> None:
@@ -109,7 +117,12 @@ class OpenAIRunner(ServedRunner):
         self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
     ) -> Launch:
         if not self.settings.engine_cmd:
-            return Launch(argv=[], base_url=self.settings.base_url.rstrip("/"))
+            base_url = self.settings.base_url
+            if base_url is None:  # __init__ refuses settings with neither
+                raise InputError(
+                    "--runner-config: the openai runner needs `engine_cmd` or `base_url`"
+                )
+            return Launch(argv=[], base_url=base_url.rstrip("/"))
         values: dict[str, Any] = {
             "port": port,
             "model": str(self.settings.model or ""),

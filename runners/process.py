@@ -6,6 +6,7 @@ process name; the argument list is passed as is, never through a shell.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -52,10 +53,9 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec: a new session makes the engine its own process
     # group; the parent-death signal stops it even when autotune is killed with SIGKILL.
     os.setsid()
-    try:
+    # Not Linux: Ctrl-C and failures still stop the group from the parent.
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: Ctrl-C and failures still stop the group from the parent
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -125,7 +125,8 @@ class EngineProcess:
     def wait_ready(
         self, probe: Callable[[], bool], timeout_s: float, interval_s: float = 0.1
     ) -> float:
-        """Poll `probe` until it says ready; seconds taken. The engine exiting or the timeout fail."""
+        """Poll `probe` until it says ready; seconds taken. The engine exiting or the timeout
+        fail."""
         started = time.monotonic()
         while True:
             if self.exited() is not None:
@@ -144,28 +145,30 @@ class EngineProcess:
 
     def stop(self) -> float:
         """SIGTERM to the group, SIGKILL after the grace period; seconds it took."""
-        if self.proc is None:
+        proc = self.proc
+        if proc is None:
             return 0.0
         started = time.monotonic()
         for sig, wait_s in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 10.0)):
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 break
-            if self._group_gone_within(wait_s):
+            if _group_gone_within(proc, wait_s):
                 break
-        self.proc.wait()
+        proc.wait()
         return time.monotonic() - started
 
-    def _group_gone_within(self, wait_s: float) -> bool:
-        # The leader may go first while workers it started (same group) still wind down.
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader, or its zombie keeps the group alive
-            if not pid_alive(self.proc.pid, group=True):
-                return True
-            time.sleep(0.02)
-        return False
+
+def _group_gone_within(proc: subprocess.Popen, wait_s: float) -> bool:
+    # The leader may go first while workers it started (same group) still wind down.
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader, or its zombie keeps the group alive
+        if not pid_alive(proc.pid, group=True):
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def pid_alive(pid: int, group: bool = False) -> bool:
@@ -194,7 +197,8 @@ def http_ready(url: str) -> Callable[[], bool]:
 def log_line_ready(
     log_path: Path, line: str, fallback: Callable[[], bool] | None = None
 ) -> Callable[[], bool]:
-    """A probe: the engine printed `line` (MindIE's "Daemon start success!"), or `fallback` says ready."""
+    """A probe: the engine printed `line` (MindIE's "Daemon start success!"), or `fallback` says
+    ready."""
 
     def probe() -> bool:
         try:

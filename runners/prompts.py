@@ -7,6 +7,7 @@ Every prompt is checked by encoding it again; a tokenizer for which that fails i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +27,8 @@ def load_tokenizer(path: Path, source: str):
     try:
         return transformers().AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as error:
-        reason = " ".join(
-            str(error).split()
-        )  # transformers' reasons span lines: keep them whole, on one
+        # transformers' reasons span lines: keep them whole, on one
+        reason = " ".join(str(error).split())
         raise InputError(f"{source}: cannot load a tokenizer from {path}: {reason}") from None
 
 
@@ -41,9 +41,11 @@ class PromptMaker:
             if token_id in special:
                 continue
             text = tokenizer.decode([token_id])
-            if len(text) > 2 and text[0] == " " and text[1:].isascii() and text[1:].isalpha():
-                if tokenizer.encode(text, add_special_tokens=False) == [token_id]:
-                    words.append(text)
+            whole_word = (
+                len(text) > 2 and text[0] == " " and text[1:].isascii() and text[1:].isalpha()
+            )
+            if whole_word and tokenizer.encode(text, add_special_tokens=False) == [token_id]:
+                words.append(text)
         if len(words) < _MIN_WORDS:
             raise InputError(
                 f"{source}: only {len(words)} whole-word tokens in the vocabulary; "
@@ -54,7 +56,7 @@ class PromptMaker:
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def make(self, lengths: np.ndarray, seed: int) -> list[str]:
+    def make(self, lengths: Iterable[int], seed: int) -> list[str]:
         rng = np.random.default_rng(seed)
         prompts = []
         for n in lengths:

@@ -69,7 +69,8 @@ def model_key(model: Path) -> str:
 
 
 def quality_pair(config: dict[str, Any]) -> tuple[str, float]:
-    """What quality depends on: (quantization, kv_compression); knobs left out are the reference's."""
+    """What quality depends on: (quantization, kv_compression); knobs left out are the
+    reference's."""
     return str(config.get("quantization", REFERENCE[0])), float(
         config.get("kv_compression", REFERENCE[1])
     )

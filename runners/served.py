@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
@@ -27,7 +27,7 @@ from runners.measurement import Fault, Measurement
 from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
 from runners.prompts import PromptMaker, load_tokenizer
 from runners.workload import Requests, make_requests
-from search_spaces.knobs import QUANTIZATIONS
+from search_spaces.knobs import QUANTIZATIONS, Quantization
 from search_spaces.space import SearchSpace
 
 _trial_seq = itertools.count()
@@ -53,9 +53,7 @@ class RunnerSettings(BaseModel):
 
     engine_cmd: list[str] | None = None  # the engine's argv prefix; flags and the model follow
     model: Path | None = None  # HF model directory (weights, config, tokenizer)
-    weights: dict[Literal[QUANTIZATIONS], Path] = Field(
-        default_factory=dict
-    )  # precision -> weights directory
+    weights: dict[Quantization, Path] = Field(default_factory=dict)  # precision -> weights dir
     tokenizer: Path | None = None  # default: the model directory
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -66,7 +64,8 @@ class RunnerSettings(BaseModel):
     stop_grace_s: PositiveFloat = 10.0
     warmup_requests: int = Field(default=2, ge=0)
     log_dir: Path = Path("autotune-logs")
-    # The reference config's measured distributions (the quality figure's baseline), per model and engine.
+    # The reference config's measured distributions (the quality figure's baseline), per model
+    # and engine.
     quality_cache: Path = Path.home() / ".cache" / "autotune" / "quality"
 
 
@@ -125,10 +124,26 @@ class ServedRunner:
     def served_model(self, base_url: str) -> str:
         return self.model_name()
 
+    def engine_command(self) -> list[str]:
+        """The engine's argv prefix: runners that start an engine made sure of it when made."""
+        if not self.settings.engine_cmd:
+            raise InputError(
+                f"--engine-cmd: the {self.name} runner needs an engine command "
+                "(or `engine_cmd:` in --runner-config)"
+            )
+        return self.settings.engine_cmd
+
+    def model_dir(self) -> Path:
+        """The HF model directory: runners that need one made sure of it when made."""
+        if self.settings.model is None:
+            raise InputError(f"--model: the {self.name} runner needs a HF model directory")
+        return self.settings.model
+
     def require_command_and_model(self, command: str) -> None:
         if not self.settings.engine_cmd:
             raise InputError(
-                f"--engine-cmd: the {self.name} runner needs {command} (or `engine_cmd:` in --runner-config)"
+                f"--engine-cmd: the {self.name} runner needs {command} "
+                "(or `engine_cmd:` in --runner-config)"
             )
         program = self.settings.engine_cmd[0]
         if shutil.which(program) is None:
@@ -138,24 +153,32 @@ class ServedRunner:
         model = self.settings.model
         if model is None or not model.is_dir():
             raise InputError(
-                f"--model: {model} is not a directory; the {self.name} runner needs a HF model directory"
+                f"--model: {model} is not a directory; "
+                f"the {self.name} runner needs a HF model directory"
             )
         if not (model / "config.json").is_file():
             raise InputError(
-                f"--model: {model} has no config.json; the {self.name} runner needs a HF model directory"
+                f"--model: {model} has no config.json; "
+                f"the {self.name} runner needs a HF model directory"
             )
 
-    def check_inputs(self) -> None:
-        """The tokenizer every load needs: loaded (and checked) once, before any study is written."""
+    def _loaded_prompt_maker(self) -> PromptMaker:
+        """What makes every load's prompts, with the model's tokenizer: loaded (and checked)
+        on first use."""
         if self._prompt_maker is None:
             source = "tokenizer" if self.settings.tokenizer else "--model"
             self._prompt_maker = PromptMaker(load_tokenizer(self.tokenizer_dir(), source), source)
             self._warmup = self._prompt_maker.make([16] * self.settings.warmup_requests, 1_000_003)
+        return self._prompt_maker
 
-    def tokenizer(self):
+    def check_inputs(self) -> None:
+        """The tokenizer every load needs: loaded (and checked) once, before any study is
+        written."""
+        self._loaded_prompt_maker()
+
+    def tokenizer(self) -> Any:
         """The model's tokenizer (the one every load's prompts are made with)."""
-        self.check_inputs()
-        return self._prompt_maker.tokenizer
+        return self._loaded_prompt_maker().tokenizer
 
     def measure_quality(self, config: dict[str, Any], session: Session, eval_prompts: list[str]):
         """The config's QualityFigure, measured in its running session against the reference
@@ -181,9 +204,8 @@ class ServedRunner:
         except ValueError as error:
             raise InputError(f"--model: {model / 'config.json'}: not valid JSON: {error}") from None
         limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
-        return (
-            int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
-        ), self.model_name()
+        context = int(limit) if isinstance(limit, (int, float)) and limit > 0 else None
+        return context, self.model_name()
 
     native_precisions: tuple[str, ...] = ("bf16",)  # served straight from the model directory
 
@@ -199,6 +221,10 @@ class ServedRunner:
     def adapt(self, space: SearchSpace) -> SearchSpace:
         """Narrow the space to what this installation can run (e.g. precisions with weights)."""
         return space
+
+    def batch_ceiling(self, space: SearchSpace, workload: Workload) -> tuple[int, str] | None:
+        # The engine sizes its KV cache when it starts; before that the preset's range stands.
+        return None
 
     # -- the Runner interface -------------------------------------------------------------
     def identity(self) -> dict[str, str]:
@@ -216,9 +242,8 @@ class ServedRunner:
         return []
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
-        return (
-            None  # an engine not started from an argument list (MindIE's config.json, a template)
-        )
+        # None: an engine not started from an argument list (MindIE's config.json, a template)
+        return None
 
     def _target(self, launch: Launch, base_url: str) -> Target:
         model = launch.model or self.served_model(base_url)
@@ -230,11 +255,11 @@ class ServedRunner:
         """The workload's requests, their prompts and the warm-up prompts. Prompts depend on the
         request lengths and the variant, not the rate: each step of a search sends other text of
         the same lengths, so no engine serves a step from its prefix cache."""
-        self.check_inputs()
+        prompt_maker = self._loaded_prompt_maker()
         requests = make_requests(workload)
         key = (workload.model_dump_json(exclude={"arrival"}), variant)
         if key not in self._prompts:
-            self._prompts[key] = self._prompt_maker.make(
+            self._prompts[key] = prompt_maker.make(
                 requests.input_tokens, workload.seed + 7919 * variant
             )
         return requests, self._prompts[key], self._warmup
@@ -252,9 +277,8 @@ class ServedRunner:
         trial_dir.mkdir(parents=True, exist_ok=True)
         extra: dict[str, Any] = {"engine_log": str(trial_dir / "engine.log"), "port": port}
         try:
-            launch = self.launch(
-                config, port, trial_dir, workload
-            )  # may prepare weights (e.g. a GGUF)
+            # May prepare weights (e.g. a GGUF).
+            launch = self.launch(config, port, trial_dir, workload)
         except EngineFailed as failure:
             yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
             return
@@ -360,5 +384,6 @@ class _EngineSession:
         elif rejected:
             measurement.fault = Fault("sla-violated", rejected)
         # Failed requests of a live engine (even all of them, refused under overload) are a miss of
-        # the success rate, which the capacity search bisects on; the trial says why at the nominal rate.
+        # the success rate, which the capacity search bisects on; the trial says why at the
+        # nominal rate.
         return measurement

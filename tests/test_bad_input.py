@@ -347,7 +347,8 @@ CASES = {
             "--space",
             _write(tmp / "space.yaml", "knobs:\n  max_prefill_tokens: {low: 64, high: 128}\n"),
         ],
-        "space.yaml: knobs.max_prefill_tokens: the whole range 64..128 is below the longest prompt of --scenario",
+        "space.yaml: knobs.max_prefill_tokens: the whole range 64..128 is below the longest prompt "
+        "of --scenario",
     ),
     "kv values the engine cannot run name --space and --engine": (
         lambda tmp, sc: [
@@ -358,7 +359,8 @@ CASES = {
             "--space",
             _write(tmp / "space.yaml", "knobs:\n  kv_compression: {choices: [0.75]}\n"),
         ],
-        "space.yaml: knobs.kv_compression: none of [0.75] can run here (--engine vllm takes only these values)",
+        "space.yaml: knobs.kv_compression: none of [0.75] can run here "
+        "(--engine vllm takes only these values)",
     ),
     "reversed knob range": (
         lambda tmp, sc: [
@@ -621,7 +623,8 @@ CASES = {
                 ),
             ),
         ],
-        "quality.yaml: models[0] (qwen2-7b): no entry for precision w8a8, which the search space searches",
+        "quality.yaml: models[0] (qwen2-7b): no entry for precision w8a8, "
+        "which the search space searches",
     ),
     "quality table entry without its source": (
         lambda tmp, sc: [
@@ -688,8 +691,8 @@ CASES = {
             "--scenario",
             _scenario_with(tmp, sc, lambda d: d.update(quality={"max_kl": 0.05})),
         ],
-        "quality.max_kl: the sim runner measures no quality and shipped quality table qwen2-7b.yaml gives no kl "
-        "for bf16@1; supply the figure with --quality FILE",
+        "quality.max_kl: the sim runner measures no quality and shipped quality table "
+        "qwen2-7b.yaml gives no kl for bf16@1; supply the figure with --quality FILE",
     ),
     "quality SLO no searched precision meets": (
         lambda tmp, sc: [

@@ -183,8 +183,8 @@ def _assert_one_line(result: subprocess.CompletedProcess, *expected: str) -> str
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("autotune: error:"), lines[0]
-    for text in expected:
-        assert text in lines[0], lines[0]
+    for part in expected:
+        assert part in lines[0], lines[0]
     return lines[0]
 
 
@@ -247,7 +247,10 @@ def test_screen_hardware_unknown_names_screen_hardware(
 
 def _without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The CLI in a Python where `import torch` fails, as on a host without PyTorch."""
-    code = "import sys; sys.modules['torch'] = None; sys.argv[0] = 'autotune'; from tuner.cli import main; main()"
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.argv[0] = 'autotune'; "
+        "from tuner.cli import main; main()"
+    )
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300
     )
@@ -368,7 +371,7 @@ def _started_together(commands: list[list[str]], cwd: Path) -> list[subprocess.C
             os.read(ready_r, 1)
         os.write(go_w, b"g" * len(procs))
         results = []
-        for proc, command in zip(procs, commands):
+        for proc, command in zip(procs, commands, strict=True):
             stdout, stderr = proc.communicate(timeout=300)
             results.append(subprocess.CompletedProcess(command, proc.returncode, stdout, stderr))
         return results

@@ -12,12 +12,14 @@ import pytest
 import yaml
 
 from runners.sim.runner import SimRunner
-from tests.conftest import engine_scenario, run_autotune
+from testing.engines import engine_scenario
+from tests.conftest import run_autotune
 from tuner.export import load_export
 
 # engine_scenario(): prompts of 32-96 tokens, answers of 8-24: a request holds at most 120 tokens.
 LONGEST_PROMPT, LONGEST_REQUEST = 96, 120
-# vLLM 0.32's SchedulerConfig.verify_max_model_len raises on both of these (vllm/config/scheduler.py).
+# vLLM 0.32's SchedulerConfig.verify_max_model_len raises on both of these
+# (vllm/config/scheduler.py).
 VLLM_REFUSES = {
     "prefill-first with a step budget below the longest request": (
         {"batch_size": 8, "select_batch": "prefill-first", "max_prefill_tokens": 100},

@@ -8,7 +8,7 @@ import pytest
 
 from runners.measurement import p99_breaking_count, summarize
 from runners.workload import make_requests
-from tests.conftest import engine_scenario
+from testing.engines import engine_scenario
 from tests.test_runner_llamacpp import GOOD, make_runner
 
 

@@ -115,7 +115,7 @@ def test_a_live_server_refusing_every_request_is_a_miss_not_an_engine_fault(tiny
     capacity search bisects on it); only an engine that dies or hangs is a fault."""
     from objectives.scenario import SLA as Sla
     from runners.openai import OpenAIRunner, OpenAISettings
-    from tests.conftest import engine_scenario
+    from testing.engines import engine_scenario
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesAll)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -35,7 +35,8 @@ def test_metric_definitions():
     assert s["duration_s"] == pytest.approx(2.3)  # first send 0, last ok finish 2 + 0.3
     assert s["output_tokens_per_s"] == pytest.approx(23 / 2.3)
     assert s["total_tokens_per_s"] == pytest.approx(53 / 2.3)
-    # goodput: TTFT <= 250 ms and TPOT <= 90 ms: request 0 and 1 have TPOT 100 ms; request 2 has TTFT 300 ms.
+    # goodput: TTFT <= 250 ms and TPOT <= 90 ms: request 0 and 1 have TPOT 100 ms; request 2 has
+    # TTFT 300 ms.
     assert s["goodput_rps"] == 0
     assert s["p99_low_samples"] is True
 

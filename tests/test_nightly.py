@@ -131,8 +131,8 @@ def test_lock_held_by_live_process_refuses_and_stale_lock_is_taken_over(
     name = "small-cs.sim.mindie.qwen2-7b.ascend-910b2"
     con = sqlite3.connect(tmp_path / "n.db")
     con.execute(
-        "create table if not exists autotune_nightly_locks (study_name varchar primary key, holder varchar, "
-        "acquired_at datetime, beat_at datetime)"
+        "create table if not exists autotune_nightly_locks "
+        "(study_name varchar primary key, holder varchar, acquired_at datetime, beat_at datetime)"
     )
     now = datetime.now(timezone.utc).isoformat(" ")
     con.execute(
@@ -233,7 +233,8 @@ def test_warm_start_remeasures_the_front_then_runs_the_budget(tmp_path: Path, sc
     front = [
         json.loads(p)
         for (p,) in con.execute(
-            "select params from autotune_pareto_members where snapshot_id = (select max(id) from autotune_pareto_snapshots) "
+            "select params from autotune_pareto_members "
+            "where snapshot_id = (select max(id) from autotune_pareto_snapshots) "
             "order by ttft_p99_ms"
         )
     ]

@@ -40,7 +40,7 @@ def _repeats(
         knobs,
         [
             {"ttft_p99_ms": t, "output_tokens_per_s": x, "feasible": ok, "fault": None}
-            for x, t, ok in zip(throughputs, ttfts, feasible)
+            for x, t, ok in zip(throughputs, ttfts, feasible, strict=True)
         ],
     )
 

@@ -52,7 +52,10 @@ def _script(tmp_path: Path, body: str) -> list[str]:
 STUBBORN = """
     import os, signal, subprocess, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)   # an engine that ignores SIGTERM
-    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    ignores_sigterm = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import signal, time; {ignores_sigterm}; time.sleep(600)"]
+    )
     print("child", child.pid, flush=True)
     print("ready", flush=True)
     time.sleep(600)
@@ -83,27 +86,31 @@ def test_engine_runs_in_its_own_group_and_stop_kills_the_whole_group(tmp_path):
 
 def test_engine_that_exits_early_is_a_start_failure_with_its_log(tmp_path):
     argv = _script(tmp_path, 'import sys; print("error: unknown flag --bogus"); sys.exit(3)')
-    with pytest.raises(EngineFailed) as failure:
-        with EngineProcess(argv, os.environ, tmp_path / "engine.log") as engine:
-            engine.wait_ready(lambda: False, timeout_s=10)
+    with (
+        pytest.raises(EngineFailed) as failure,
+        EngineProcess(argv, os.environ, tmp_path / "engine.log") as engine,
+    ):
+        engine.wait_ready(lambda: False, timeout_s=10)
     assert failure.value.kind == "start" and "status 3" in failure.value.message
     assert "unknown flag --bogus" in failure.value.log_tail
 
 
 def test_missing_binary_is_a_start_failure(tmp_path):
-    with pytest.raises(EngineFailed) as failure:
-        with EngineProcess([str(tmp_path / "no-such-engine")], os.environ, tmp_path / "engine.log"):
-            pass
+    with (
+        pytest.raises(EngineFailed) as failure,
+        EngineProcess([str(tmp_path / "no-such-engine")], os.environ, tmp_path / "engine.log"),
+    ):
+        pass
     assert failure.value.kind == "start" and "no-such-engine" in failure.value.message
 
 
 def test_engine_that_never_gets_ready_times_out_and_is_stopped(tmp_path):
     argv = _script(tmp_path, "import time; time.sleep(600)")
-    with pytest.raises(EngineFailed) as failure:
-        with EngineProcess(argv, os.environ, tmp_path / "engine.log", grace_s=1) as engine:
-            engine.wait_ready(
-                http_ready(f"http://127.0.0.1:{choose_port(None)}/health"), timeout_s=0.5
-            )
+    with (
+        pytest.raises(EngineFailed) as failure,
+        EngineProcess(argv, os.environ, tmp_path / "engine.log", grace_s=1) as engine,
+    ):
+        engine.wait_ready(http_ready(f"http://127.0.0.1:{choose_port(None)}/health"), timeout_s=0.5)
     assert failure.value.kind == "timeout"
     assert _wait_gone(engine.pid)
 
@@ -127,7 +134,8 @@ def test_engine_dies_with_autotune_even_on_sigkill(tmp_path):
         import os, sys, time
         sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
         from runners.process import EngineProcess
-        engine = EngineProcess([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        up = "import time; print('up', flush=True); time.sleep(600)"
+        engine = EngineProcess([sys.executable, "-c", up],
                                os.environ, __import__("pathlib").Path({str(engine_log)!r}))
         engine.__enter__()
         print(engine.pid, flush=True)

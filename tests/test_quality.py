@@ -204,7 +204,8 @@ def _content_generation(tmp_path: Path, max_drop: float) -> Path:
     (tmp_path / "space.yaml").write_text(
         "knobs:\n  batch_size: {value: 128}\n  select_batch: {value: decode-first}\n"
         "  max_prefill_tokens: {value: 8192}\n  max_prefill_batch_size: {value: 16}\n"
-        "  quantization: {choices: [bf16, w8a16, w8a8, w4a16]}\n  kv_compression: {choices: [1.0, 0.5]}\n"
+        "  quantization: {choices: [bf16, w8a16, w8a8, w4a16]}\n"
+        "  kv_compression: {choices: [1.0, 0.5]}\n"
     )
     return path
 
@@ -238,7 +239,7 @@ def _study(tmp_path: Path, max_drop: float):
 def test_a_lenient_slo_allows_4_bit_weights_where_faster_and_a_strict_one_moves_the_export(
     tmp_path: Path,
 ):
-    lenient, study, exported = _study(tmp_path, 4.0)
+    _, study, exported = _study(tmp_path, 4.0)
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert {
         (t.user_attrs["knobs"]["quantization"], t.user_attrs["knobs"]["kv_compression"])
@@ -319,8 +320,7 @@ def test_a_real_llama_server_study_measures_each_pair_once(
 ):
     """Four trials over two (precision, KV) pairs on the real llama-server: two measurements,
     each trial carrying its pair's figure as a constraint; a resumed run measures nothing again."""
-    from tests.conftest import engine_scenario
-    from tests.test_runner_llamacpp import llama_settings
+    from testing.engines import engine_scenario, llama_settings
 
     data = engine_scenario().model_dump(mode="json") | {
         "quality": {"max_kl": 0.5, "min_top1_agreement": 0.5}

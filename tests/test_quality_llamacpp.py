@@ -9,7 +9,7 @@ import pytest
 
 from runners.llamacpp_quality import PerplexityQuality
 from runners.quality import QualityUnavailable, load_eval_prompts
-from tests.conftest import engine_scenario
+from testing.engines import engine_scenario
 from tests.test_runner_llamacpp import make_runner
 
 BASE = {"batch_size": 1, "max_prefill_tokens": 256}

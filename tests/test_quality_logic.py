@@ -78,6 +78,7 @@ def test_windows_cut_long_prompts_and_drop_one_token_pieces():
     assert windows[0][0] == 0 and windows[1] == [97] * 4
 
 
+# llama-perplexity's output verbatim: its chunk table runs past the line length.
 KL_OUTPUT = """\
 kl_divergence: computing over 17 chunks, n_ctx=128, batch_size=2048, n_seq=16
 chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p
@@ -89,7 +90,7 @@ Maximum KLD:   0.004211
 
 ====== Token probability statistics ======
 Same top p: 96.172 ±  0.588 %
-"""
+"""  # noqa: E501
 
 
 def test_parser_reads_llama_perplexitys_mean_kld_same_top_and_positions():
@@ -100,7 +101,7 @@ def test_parser_reads_llama_perplexitys_mean_kld_same_top_and_positions():
 
 
 def test_parser_says_why_when_the_tool_printed_no_figures():
-    with pytest.raises(QualityUnavailable, match="failed to open /x/base.kld"):
+    with pytest.raises(QualityUnavailable, match=r"failed to open /x/base\.kld"):
         parse_kl_output("main: build = 1\nkl_divergence: failed to open /x/base.kld\n")
 
 

@@ -30,7 +30,10 @@ config = json.load(open(os.environ["MIES_CONFIG_JSON_PATH"]))
 weights = config["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"]
 razor = os.environ.get("ATB_LLM_RAZOR_ATTENTION_ENABLE") == "1"
 # Next-token distribution over tokens 1, 2, 3 at every position.
-probs = (0.3, 0.5, 0.2) if weights.endswith("w8a8") else (0.45, 0.35, 0.2) if razor else (0.5, 0.3, 0.2)
+if weights.endswith("w8a8"):
+    probs = (0.3, 0.5, 0.2)
+else:
+    probs = (0.45, 0.35, 0.2) if razor else (0.5, 0.3, 0.2)
 with_logprobs = config.get("standInPromptLogprobs", True)
 
 class Handler(BaseHTTPRequestHandler):
@@ -38,8 +41,11 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args): pass
     def _send(self, data):
         body = json.dumps(data).encode()
-        self.send_response(200); self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
     def do_GET(self):
         self._send({"data": [{"id": "autotune-model"}]})
     def do_POST(self):
@@ -48,11 +54,15 @@ class Handler(BaseHTTPRequestHandler):
         if with_logprobs and request.get("prompt_logprobs"):
             entries = [None]
             for token in request["prompt"][1:]:
-                entry = {str(t): {"logprob": math.log(p), "rank": r + 1} for r, (t, p) in enumerate(zip((1, 2, 3), probs))}
+                entry = {
+                    str(t): {"logprob": math.log(p), "rank": r + 1}
+                    for r, (t, p) in enumerate(zip((1, 2, 3), probs))
+                }
                 entry.setdefault(str(token), {"logprob": -9999.0, "rank": 4})
                 entries.append(entry)
             choice["prompt_logprobs"] = entries
-        self._send({"choices": [choice], "usage": {"prompt_tokens": len(request["prompt"]), "completion_tokens": 1}})
+        usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": 1}
+        self._send({"choices": [choice], "usage": usage})
 
 server = config["ServerConfig"]
 httpd = ThreadingHTTPServer((server["ipAddress"], server["port"]), Handler)

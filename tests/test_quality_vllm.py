@@ -12,8 +12,7 @@ import pytest
 
 from runners.quality import load_eval_prompts
 from runners.vllm import VLLMRunner
-from tests.conftest import engine_scenario
-from tests.test_runner_vllm import vllm_settings
+from testing.engines import engine_scenario, vllm_settings
 
 BASE = {"batch_size": 8, "select_batch": "decode-first", "max_prefill_tokens": 512}
 
@@ -45,7 +44,8 @@ def test_vllm_cpu_quality_of_its_cpu_precisions_and_fp8_kv(vllm_python, tiny_mod
     assert (
         len(list((tmp_path / "logs").glob("*-vllm"))) == 4
     )  # no other reference engine was started
-    # 8-bit floats (weights and activations) stray further than 16-bit ones; an fp8 cache strays too.
+    # 8-bit floats (weights and activations) stray further than 16-bit ones; an fp8 cache strays
+    # too.
     assert w8a8.kl > fp16.kl > 0 and w8a8.top1_agreement < fp16.top1_agreement < 1.0
     assert kv8.kl > 0 and kv8.top1_agreement < 1.0
     for figure in (first, reference, kv8, fp16, w8a8):

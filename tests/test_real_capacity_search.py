@@ -8,8 +8,8 @@ import optuna
 import pytest
 import yaml
 
-from tests.conftest import engine_scenario, run_autotune
-from tests.test_runner_llamacpp import llama_settings
+from testing.engines import engine_scenario, llama_settings
+from tests.conftest import run_autotune
 
 
 def test_a_miss_at_the_nominal_rate_is_complete_with_its_constraints(

@@ -76,11 +76,13 @@ def test_report_renders_in_headless_chromium_offline(study_dir: Path, tmp_path: 
     )
     assert shown.returncode == 0, shown.stderr[-2000:]
     dom = shown.stdout
-    # plotly drew every figure: the Pareto plot, the curves, progress, importance, parallel coordinates
+    # plotly drew every figure: the Pareto plot, the curves, progress, importance, parallel
+    # coordinates
     assert dom.count('class="main-svg"') >= 5 * 2, dom[:500]
     assert "TTFT p99 against throughput" in dom and "Latency against throughput" in dom
     assert "Exported config: trial" in dom
-    # The answer leads (the recommended config, its quality, the ladder, the Pareto plot); the raw YAML comes last.
+    # The answer leads (the recommended config, its quality, the ladder, the Pareto plot); the raw
+    # YAML comes last.
     assert (
         dom.index("recommended")
         < dom.index("Quality ladder")
@@ -320,7 +322,7 @@ def _screened_trial(
         return optuna.trial.create_trial(
             state=optuna.trial.TrialState.FAIL, user_attrs=attrs | {"fault": fault}
         )
-    named = dict(zip(("ttft_p99", "success_rate"), constraints))
+    named = dict(zip(("ttft_p99", "success_rate"), constraints, strict=True))
     return optuna.trial.create_trial(
         values=list(values),
         user_attrs=attrs | {"sla_constraints": named},
@@ -333,7 +335,7 @@ def test_screen_chart_shows_every_pick_with_misses_and_failures_marked():
     one was not screened. The chart holds the three picks, each in its own marked group, the
     failed one drawn at zero measured throughput with its cause."""
     from objectives.scenario import load_scenario
-    from tuner.report import screen_figure
+    from tuner.report_plots import screen_figure
 
     study = optuna.create_study(directions=["minimize", "maximize"])
     study.add_trial(_screened_trial((80.0, 900.0), [-0.2, 0.0], predicted=1000.0))

@@ -25,27 +25,17 @@ import yaml
 from runners.llamacpp import LlamaCppRunner, LlamaCppSettings
 from runners.process import EngineProcess, choose_port, http_ready, tail
 from runners.prompts import PromptMaker, load_tokenizer
-from runners.workload import make_requests
-from tests.conftest import engine_scenario, run_autotune
-from tests.runner_contract import RunnerContract, assert_throughput_within_the_load
+from testing.engines import engine_scenario, llama_settings
+from tests.conftest import run_autotune
+from tests.runner_contract import (
+    RunnerContract,
+    assert_throughput_within_the_load,
+    judged_window,
+)
 from tests.test_process import _alive, _wait_gone
 from tuner.export import load_export
 
 GGUF_FILE_TYPES = {"bf16": "BF16", "w8a8": "Q8_0", "w4a16": "Q4_0"}
-
-
-def llama_settings(server: Path, model: Path, logs: Path, cache: Path, **extra) -> dict:
-    return {
-        "engine_cmd": [str(server)],
-        "model": str(model),
-        "threads": 1,
-        "pre_tokenizer": "qwen2",
-        "gguf_cache": str(cache),
-        "log_dir": str(logs),
-        "warmup_requests": 1,
-        "ready_timeout_s": 60,
-        **extra,
-    }
 
 
 def make_runner(server, model, tmp: Path, cache: Path, **extra) -> LlamaCppRunner:
@@ -153,14 +143,14 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
         for t in trials
     }
     assert len(combos) == 12
-    planned = make_requests(scenario.workload)
     for trial in trials:
         facts = engine_facts(Path(trial.user_attrs["runner_engine_log"]).read_text())
         assert facts["slots"] == str(trial.params["batch_size"])
         assert facts["file_type"] == GGUF_FILE_TYPES[trial.params["quantization"]]
         assert facts["kv_type"] == ("q8_0" if trial.params["kv_compression"] == 0.5 else "f16")
         attrs = trial.user_attrs
-        assert attrs["requests_ok"] == scenario.workload.num_requests
+        planned = judged_window(attrs, scenario.workload)
+        assert attrs["requests_ok"] == len(planned)
         assert_throughput_within_the_load(attrs, planned)
         assert attrs["ttft_p99_ms"] == trial.values[0]
 

@@ -68,17 +68,27 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *args): pass
     def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream"); self.send_header("Connection", "close"); self.end_headers()
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
         time.sleep(0.002 * len(body["prompt"].split()) / 16)
         for _ in range(body["max_tokens"]):
-            self.wfile.write(b'data: {"choices": [{"index": 0, "text": " x"}]}\n\n'); self.wfile.flush()
+            self.wfile.write(b'data: {"choices": [{"index": 0, "text": " x"}]}\n\n')
+            self.wfile.flush()
             time.sleep(0.001)
-        usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": body["max_tokens"]}
-        self.wfile.write(("data: " + json.dumps({"choices": [], "usage": usage}) + "\n\ndata: [DONE]\n\n").encode())
+        usage = {
+            "prompt_tokens": len(body["prompt"].split()),
+            "completion_tokens": body["max_tokens"],
+        }
+        last = json.dumps({"choices": [], "usage": usage})
+        self.wfile.write(("data: " + last + "\n\ndata: [DONE]\n\n").encode())
         self.close_connection = True
 
 httpd = ThreadingHTTPServer((server_config["ipAddress"], server_config["port"]), Handler)

@@ -4,13 +4,14 @@ per trial from an argument-list template, or already running (base_url)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from runners.openai import OpenAIRunner, OpenAISettings
 from runners.process import EngineProcess, choose_port, http_ready
 from search_spaces.space import SearchSpace
-from tests.conftest import engine_scenario
+from testing.engines import engine_scenario
 from tests.runner_contract import RunnerContract
 from tests.test_runner_llamacpp import make_runner
 
@@ -72,7 +73,7 @@ class TestOpenAITemplate(RunnerContract):
         return engine_scenario().workload
 
     def test_template_filled_and_unused_knobs_dropped(self, runner, measured):
-        log = open(measured.extra["engine_log"]).read()
+        log = Path(measured.extra["engine_log"]).read_text()
         assert "n_slots = 4" in log
         space = runner.adapt(SearchSpace.load("vllm"))
         assert set(space.ranges) == {"batch_size", "select_batch"}

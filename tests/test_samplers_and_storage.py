@@ -66,7 +66,7 @@ def test_same_seed_same_study(tmp_path: Path):
 
 def test_postgres_storage_keeps_trials_and_front():
     name = f"pg-{uuid.uuid4().hex[:8]}"
-    study, storage, _ = _run(POSTGRES, "tpe", name, trials=5)
+    _, storage, _ = _run(POSTGRES, "tpe", name, trials=5)
     try:
         again = optuna.load_study(study_name=name, storage=POSTGRES)
         assert len(again.trials) == 5

@@ -9,6 +9,8 @@ on the simulator; they are not measurements of a real MindIE."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -85,7 +87,7 @@ def test_batch_size_raises_throughput_until_memory_binds():
             m.peak_kv_usage,
         )
     tputs = [results[b][0] for b in (1, 2, 4, 8, 16)]
-    assert all(b > a for a, b in zip(tputs, tputs[1:])), results
+    assert all(b > a for a, b in itertools.pairwise(tputs)), results
     # At 256 the memory, not the batch size, caps the running requests, and throughput stops rising.
     assert results[256][1] < 256 and results[256][2] > 0.95, results
     assert results[256][0] < results[64][0] * 1.05, results

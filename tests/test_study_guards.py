@@ -81,7 +81,8 @@ def test_a_failing_beat_is_said_once_and_retried(capsys):
         assert enough.wait(30)  # a bound against a hang: the thread must outlive its failures
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [
-        "autotune: warning: the heartbeat of trial 7 failed (database is locked); retrying every 0.01 s",
+        "autotune: warning: the heartbeat of trial 7 failed (database is locked); "
+        "retrying every 0.01 s",
         "autotune: the heartbeat of trial 7 beats again",
     ]
 

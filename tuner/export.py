@@ -131,7 +131,8 @@ def build_export(
     *,
     workload: Workload,
 ) -> ExportedConfig:
-    """`metrics` are the trial's attributes: its measurements and the engine arguments it ran with."""
+    """`metrics` are the trial's attributes: its measurements and the engine arguments it ran
+    with."""
     return ExportedConfig(
         autotune_version=tuner.__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

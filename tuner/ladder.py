@@ -125,5 +125,6 @@ def print_quality(study: optuna.Study, book: QualityBook | None) -> None:
         out.print(ladder_table(study))
     if book is not None and book.measurements:
         out.print(
-            f"quality: {book.measurements} precision and KV pairs measured this run, {book.measure_s:.1f} s in all"
+            f"quality: {book.measurements} precision and KV pairs measured this run, "
+            f"{book.measure_s:.1f} s in all"
         )

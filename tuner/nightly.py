@@ -17,7 +17,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
+import optuna
 from sqlalchemy import delete, select, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -27,7 +29,7 @@ from objectives.userfile import InputError
 from runners.base import Runner
 from runners.capacity import evaluate
 from runners.process import pid_alive
-from tuner.storage import NightlyLock, NightlyRun, has_table
+from tuner.storage import NightlyLock, NightlyRun, has_table, rows_matched
 from tuner.study import WORKER, beating
 
 EXIT_UNCHANGED, EXIT_PROMOTED, EXIT_FAILED = 0, 10, 20
@@ -36,7 +38,8 @@ MIN_GAIN = 0.02  # the smallest default margin: below it a win is a rounding of 
 
 def default_min_gain(scenario: Scenario) -> float:
     """The margin a night asks of a candidate unless --min-gain says: in capacity mode at least
-    the search's precision, since two capacities closer than the final bracket are not told apart."""
+    the search's precision, since two capacities closer than the final bracket are not told
+    apart."""
     return max(MIN_GAIN, scenario.load.precision) if scenario.load.mode == "capacity" else MIN_GAIN
 
 
@@ -75,7 +78,7 @@ class Repeats:
 
 def measure(runner: Runner, scenario: Scenario, knobs: dict[str, Any], repeats: int) -> Repeats:
     """Evaluate a config `repeats` times as a trial does (capacity included), workload seed + k."""
-    runs = []
+    runs: list[dict[str, Any]] = []
     for k in range(repeats):
         evaluation = evaluate(runner, knobs, scenario, seed_offset=k)
         if evaluation.fault is not None:
@@ -140,7 +143,11 @@ def decide(
     # The picked objective decides; when it ties (as the pick rule counts ties), the other one.
     for rank, (key, sign, label) in enumerate(objectives):
         margin = max(min_gain, incumbent.spread(key), candidate.spread(key))
-        gain = sign * (candidate.mean(key) / incumbent.mean(key) - 1)
+        candidate_mean, incumbent_mean = candidate.mean(key), incumbent.mean(key)
+        assert candidate_mean is not None and incumbent_mean is not None, (
+            "both met the SLA in every repeat, so every repeat measured both objectives"
+        )
+        gain = sign * (candidate_mean / incumbent_mean - 1)
         if gain > margin:
             return Decision(
                 "promoted", f"{label} better by {gain:.1%}, more than the margin {margin:.1%}"
@@ -183,11 +190,13 @@ def acquire_lock(engine, study_name: str) -> str | None:
                 f"{lock.acquired_at:%Y-%m-%d %H:%M:%S}); not starting a second one"
             )
         old = lock.holder
-        taken = session.execute(
-            update(NightlyLock)
-            .where(NightlyLock.study_name == study_name, NightlyLock.holder == old)
-            .values(holder=WORKER, acquired_at=now, beat_at=now)
-        ).rowcount
+        taken = rows_matched(
+            session.execute(
+                update(NightlyLock)
+                .where(NightlyLock.study_name == study_name, NightlyLock.holder == old)
+                .values(holder=WORKER, acquired_at=now, beat_at=now)
+            )
+        )
     if taken != 1:
         raise InputError(f"another nightly run of {study_name} took over the stale lock first")
     return f"took over a stale nightly lock left by {old}"
@@ -201,11 +210,13 @@ class LockLost(InputError):
 def beat_lock(engine, study_name: str) -> None:
     """Renew the lock's heartbeat; LockLost when this process no longer holds it."""
     with Session(engine) as session, session.begin():
-        beaten = session.execute(
-            update(NightlyLock)
-            .where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER)
-            .values(beat_at=datetime.now(timezone.utc))
-        ).rowcount
+        beaten = rows_matched(
+            session.execute(
+                update(NightlyLock)
+                .where(NightlyLock.study_name == study_name, NightlyLock.holder == WORKER)
+                .values(beat_at=datetime.now(timezone.utc))
+            )
+        )
         if beaten != 1:
             lock = session.get(NightlyLock, study_name)
             holder = f"is held by {lock.holder}" if lock is not None else "was released"
@@ -220,16 +231,16 @@ class StudyLock:
     to the study) and released whatever happens after."""
 
     def __init__(self) -> None:
-        self.engine, self.study_name, self.note = None, None, None
+        self.engine: Engine | None = None
+        self.study_name: str | None = None
+        self.note: str | None = None  # a note when a stale lock was taken over
 
-    def take(self, storage, study_name: str) -> None:
-        self.note = acquire_lock(
-            storage.engine, study_name
-        )  # a note when a stale lock was taken over
+    def take(self, storage: optuna.storages.RDBStorage, study_name: str) -> None:
+        self.note = acquire_lock(storage.engine, study_name)
         self.engine, self.study_name = storage.engine, study_name
 
     def release(self) -> None:
-        if self.engine is not None:
+        if self.engine is not None and self.study_name is not None:
             release_lock(self.engine, self.study_name)
 
 

@@ -1,4 +1,5 @@
-"""The files autotune writes (export, report, .prev): checked before any work, written atomically."""
+"""The files autotune writes (export, report, .prev): checked before any work, written
+atomically."""
 
 from __future__ import annotations
 

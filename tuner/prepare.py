@@ -8,14 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+from optuna.distributions import IntDistribution
 
 from objectives.scenario import Scenario, load_scenario, preset_names
 from objectives.userfile import InputError
-from runners.base import RUNNERS, Runner
+from runners.base import Runner
+from runners.registry import RUNNERS
 from search_spaces.space import SearchSpace, parse_config
 from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
-from tuner.quality import EXCLUDED, QualityBook, plan_quality
+from tuner.quality import EXCLUDED, QualityBook
+from tuner.quality_plan import plan_quality
 from tuner.samplers import describe, make_sampler
 from tuner.screen import Screen, plan_screen
 from tuner.storage import open_storage, sqlite_file, study_name_missing
@@ -137,6 +140,9 @@ def prepare(
         chosen, f"--scenario {scenario}", runner, space, quality_path, quality_prompts_path
     )
     space = quality.space
+    ceiling = runner.batch_ceiling(space, chosen.workload)
+    if ceiling is not None:
+        space = space.with_ceiling("batch_size", *ceiling)
     simulated = runner.name == "sim"
     optuna_sampler = make_sampler(sampler, seed, space, trials, simulated)
     baseline = None
@@ -168,6 +174,10 @@ def prepare(
         before_writes(rdb, name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = create_study(rdb, name, optuna_sampler, chosen, identity)
+    kept = keep_earlier_batch_range(study, space)
+    if kept is not space:
+        space = kept
+        study.sampler = make_sampler(sampler, seed, space, trials, simulated)
     study.set_user_attr("fixed_knobs", space.fixed())
     study.set_user_attr(EXCLUDED, quality.excluded)
     book = quality.book(study, runner)
@@ -183,6 +193,27 @@ def prepare(
     return Prepared(
         chosen, runner, space, study, rdb, screening, describe(sampler, simulated), book
     )
+
+
+def keep_earlier_batch_range(study: optuna.Study, space: SearchSpace) -> SearchSpace:
+    """A resumed study keeps the batch range its trials were sampled in when only the ceiling
+    moved (e.g. a study from before ceilings came from memory): Optuna's multivariate TPE and
+    GP model jointly only the parameters whose distribution every trial shares."""
+    spec = space.ranges.get("batch_size")
+    earlier = next(
+        (t.distributions["batch_size"] for t in study.get_trials(deepcopy=False)
+         if "batch_size" in t.distributions),
+        None,
+    )  # fmt: skip
+    if spec is None or spec.low is None or not isinstance(earlier, IntDistribution):
+        return space
+    if earlier.low != spec.low or earlier.high == spec.high or earlier.log != spec.log:
+        return space  # another range altogether: the user's to choose
+    note = (
+        f"batch_size range kept at {earlier.low}..{earlier.high} as the study's earlier trials "
+        f"searched it (the ceiling here is {spec.high:g}; a new --study searches that)"
+    )
+    return space.with_range("batch_size", spec.model_copy(update={"high": earlier.high}), note)
 
 
 def report_outputs(export_path: Path, html_path: Path | None, no_html: bool) -> dict[str, Path]:

@@ -1,12 +1,11 @@
 """The study report: one self-contained HTML file (plotly.js, the figures and their data inline,
 so it opens with no network) and a PNG of the Pareto plot beside it (Optuna's matplotlib plot).
+The plots are drawn by tuner.report_plots.
 """
 
 from __future__ import annotations
 
 import html
-import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,336 +16,39 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.offline import get_plotlyjs
 
 from objectives.scenario import Scenario
-from objectives.scoring import QUALITY_PREFIX, is_feasible, throughput_label
+from objectives.scoring import throughput_label
 from objectives.userfile import InputError
 from tuner import nightly as night
 from tuner.export import build_export
 from tuner.ladder import ladder_rows
+from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
 from tuner.quality import describe_figures
-from tuner.study import best_trial, feasible_front, trial_knobs
-
-KNOB_COLUMNS = (
-    "batch_size",
-    "select_batch",
-    "max_prefill_tokens",
-    "quantization",
-    "kv_compression",
+from tuner.report_plots import (
+    KNOB_COLUMNS,
+    curves_figure,
+    optuna_figures,
+    pareto_figure,
+    progress_figure,
+    screen_figure,
+    write_pareto_png,
 )
-
-
-def _sla_misses(t: FrozenTrial) -> str:
-    named = t.user_attrs.get("sla_constraints", t.constraints)
-    latency = [
-        f"{k} +{v:.0%}" for k, v in named.items() if v > 0 and not str(k).startswith(QUALITY_PREFIX)
-    ]
-    # Quality constraints are in the figure's own units (points, nats, share), not relative.
-    quality = [
-        f"{str(k).removeprefix(QUALITY_PREFIX)} {v:+.3g} past its bound"
-        for k, v in named.items()
-        if v > 0 and str(k).startswith(QUALITY_PREFIX)
-    ]
-    return "; ".join(
-        [
-            *(["misses the SLA: " + ", ".join(latency)] if latency else []),
-            *(["misses the quality SLO: " + ", ".join(quality)] if quality else []),
-        ]
-    )
-
-
-def _drawable(x: float | None, y: float | None, log_x: bool = False, log_y: bool = False) -> bool:
-    """A point the plot can hold: finite, and positive on a log axis (one infinite or zero value
-    stretched a real study's log axis to 1e198)."""
-
-    def fits(v: float | None, log: bool) -> bool:
-        return v is not None and math.isfinite(v) and (v > 0 or not log)
-
-    return fits(x, log_x) and fits(y, log_y)
-
-
-def _sla_line(fig: go.Figure, ttft_ms: float, vertical: bool) -> None:
-    """The TTFT SLA as a dashed line across a log axis, labelled. Plotly places a shape on a log
-    axis by its value but an annotation by the value's log10: add_vline's own label put an SLA
-    of 200 ms at 1e200 and stretched a real study's axis to 1e198."""
-    if vertical:
-        fig.add_vline(x=ttft_ms, line_dash="dash")
-        fig.add_annotation(
-            x=math.log10(ttft_ms), y=1, yref="paper", text="SLA", showarrow=False, yanchor="bottom"
-        )
-    else:
-        fig.add_hline(y=ttft_ms, line_dash="dash")
-        fig.add_annotation(
-            x=1,
-            xref="paper",
-            y=math.log10(ttft_ms),
-            text="SLA",
-            showarrow=False,
-            xanchor="right",
-            yanchor="bottom",
-        )
-
-
-def _log_range(values: list[float]) -> list[float] | None:
-    """The log axis' range in plotly's units (log10), a little wider than the drawn values."""
-    values = [v for v in values if _drawable(v, 1.0, log_x=True)]
-    if not values:
-        return None
-    return [math.log10(min(values)) - 0.1, math.log10(max(values)) + 0.1]
-
-
-def _hover(t: FrozenTrial) -> str:
-    knobs = t.user_attrs.get("knobs", t.params)
-    lines = [f"trial {t.number}"] + [f"{k}: {knobs[k]}" for k in KNOB_COLUMNS if k in knobs]
-    if not is_feasible(t.constraints):
-        lines.append(_sla_misses(t))
-    if t.user_attrs.get("capacity_note"):
-        lines.append(t.user_attrs["capacity_note"])
-    lines.append(f"quality: {describe_figures(t.user_attrs)}")
-    return "<br>".join(html.escape(str(line)) for line in lines)
-
-
-def pareto_figure(
-    study: optuna.Study, scenario: Scenario, front: list[FrozenTrial], best: FrozenTrial | None
-) -> go.Figure:
-    every = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    done = [t for t in every if _drawable(t.values[0], t.values[1], log_x=True)]
-    drawn = {t.number for t in done}
-    front = [t for t in front if t.number in drawn]
-    best = best if best is not None and best.number in drawn else None
-    fig = go.Figure()
-    for feasible, name, marker in (
-        (False, "misses the SLA", dict(color="#bbbbbb", symbol="x")),
-        (True, "meets the SLA", dict(color="#1f77b4")),
-    ):
-        group = [t for t in done if is_feasible(t.constraints) == feasible]
-        fig.add_trace(
-            go.Scatter(
-                x=[t.values[0] for t in group],
-                y=[t.values[1] for t in group],
-                mode="markers",
-                name=name,
-                marker=marker,
-                text=[_hover(t) for t in group],
-                hoverinfo="text",
-            )
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=[t.values[0] for t in front],
-            y=[t.values[1] for t in front],
-            mode="lines+markers",
-            name="Pareto front",
-            line=dict(shape="hv", color="#2ca02c"),
-        )
-    )
-    if best is not None:
-        fig.add_trace(
-            go.Scatter(
-                x=[best.values[0]],
-                y=[best.values[1]],
-                mode="markers",
-                name=f"exported (trial {best.number})",
-                marker=dict(size=16, symbol="star", color="#d62728"),
-                text=[_hover(best)],
-                hoverinfo="text",
-            )
-        )
-    _sla_line(fig, scenario.sla.ttft_p99_ms, vertical=True)
-    left_out = (
-        f" ({len(every) - len(done)} not drawn: TTFT p99 infinite or zero)"
-        if len(done) < len(every)
-        else ""
-    )
-    fig.update_layout(
-        title=f"TTFT p99 against throughput, every measured trial{left_out}",
-        xaxis_title=f"TTFT p99 (ms) at {scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}",
-        yaxis_title=throughput_label(scenario),
-        xaxis_type="log",
-        xaxis_range=_log_range([t.values[0] for t in done] + [scenario.sla.ttft_p99_ms]),
-    )
-    return fig
-
-
-def curves_figure(front: list[FrozenTrial], scenario: Scenario) -> go.Figure | None:
-    with_steps = [t for t in front if t.user_attrs.get("capacity_steps")]
-    if not with_steps:
-        return None
-    fig = go.Figure()
-    drawn = [scenario.sla.ttft_p99_ms]
-    for t in with_steps:
-        # Steps stopped early carry partial figures: the curve uses the loads measured whole.
-        steps = sorted(
-            (
-                s
-                for s in t.user_attrs["capacity_steps"]
-                if "fault" not in s
-                and _drawable(s.get("output_tokens_per_s"), s.get("ttft_p99_ms"), log_y=True)
-            ),
-            key=lambda s: s["rate"],
-        )
-        drawn += [s["ttft_p99_ms"] for s in steps]
-        fig.add_trace(
-            go.Scatter(
-                x=[s["output_tokens_per_s"] for s in steps],
-                y=[s["ttft_p99_ms"] for s in steps],
-                mode="lines+markers",
-                name=f"trial {t.number}",
-                text=[
-                    f"rate {s['rate']:g}, {'meets' if s['meets_sla'] else 'misses'} the SLA"
-                    for s in steps
-                ],
-                hoverinfo="text+x+y",
-            )
-        )
-    _sla_line(fig, scenario.sla.ttft_p99_ms, vertical=False)
-    fig.update_layout(
-        title="Latency against throughput as the load rises (the front's configs)",
-        xaxis_title="output tok/s measured",
-        yaxis_title="TTFT p99 (ms)",
-        yaxis_type="log",
-        yaxis_range=_log_range(drawn),
-    )
-    return fig
-
-
-def _screen_outcome(t: FrozenTrial) -> str:
-    if t.state != TrialState.COMPLETE:
-        return "failed"
-    return "meets" if is_feasible(t.constraints) else "misses"
-
-
-# Per outcome of a screened pick: legend and marker. A pick that failed measured nothing: it is
-# drawn at 0 so that it stays in sight, its cause on hover.
-SCREEN_OUTCOMES = {
-    "meets": ("meets the SLA", dict(color="#1f77b4")),
-    "misses": ("misses the SLA", dict(color="#ff7f0e", symbol="x")),
-    "failed": (
-        "failed or could not run (measured nothing: drawn at 0)",
-        dict(color="#d62728", symbol="x-thin-open", size=10),
-    ),
-}
-
-
-def _screen_text(t: FrozenTrial, outcome: str) -> str:
-    screen = t.user_attrs["screen"]
-    text = f"trial {t.number} (round {screen['round']}): TTFT p99 predicted {screen['predicted_ttft_p99_ms']:.0f} ms"
-    if outcome == "failed":
-        return f"{text}; failed: {t.user_attrs.get('fault', t.state.name)}"
-    text += f", measured {t.values[0]:.0f} ms"
-    return f"{text}; {_sla_misses(t)}" if outcome == "misses" else text
-
-
-def screen_figure(study: optuna.Study, scenario: Scenario) -> go.Figure | None:
-    """How well the simulator's picks (`--screen sim`) held up when measured for real: every
-    pick, those that missed the SLA and those that failed marked apart (a chart of the
-    successes alone would flatter the simulator)."""
-    screened = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-        if "screen" in t.user_attrs
-    ]
-    if not screened:
-        return None
-    fig = go.Figure()
-    top = 0.0
-    for outcome, (name, marker) in SCREEN_OUTCOMES.items():
-        group = [t for t in screened if _screen_outcome(t) == outcome]
-        if not group:
-            continue
-        predicted = [t.user_attrs["screen"]["predicted_throughput"] for t in group]
-        measured = [t.values[1] if outcome != "failed" else 0.0 for t in group]
-        top = max([top, *predicted, *measured])
-        fig.add_trace(
-            go.Scatter(
-                x=predicted,
-                y=measured,
-                mode="markers",
-                name=name,
-                marker=marker,
-                text=[html.escape(_screen_text(t, outcome)) for t in group],
-                hoverinfo="text+x+y",
-            )
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=[0, top], y=[0, top], mode="lines", line_dash="dot", name="prediction = measurement"
-        )
-    )
-    counts = {
-        outcome: sum(_screen_outcome(t) == outcome for t in screened) for outcome in SCREEN_OUTCOMES
-    }
-    fig.update_layout(
-        title=f"The simulator's predictions against the real trials it picked (--screen sim): "
-        f"{len(screened)} picks, {counts['meets']} met the SLA, {counts['misses']} missed it, "
-        f"{counts['failed']} failed",
-        xaxis_title=f"predicted {throughput_label(scenario)}",
-        yaxis_title=f"measured {throughput_label(scenario)}",
-    )
-    return fig
-
-
-def progress_figure(study: optuna.Study, scenario: Scenario) -> go.Figure:
-    numbers, best, so_far = [], [], None
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if is_feasible(t.constraints):
-            so_far = t.values[1] if so_far is None else max(so_far, t.values[1])
-        numbers.append(t.number)
-        best.append(so_far)
-    fig = go.Figure(go.Scatter(x=numbers, y=best, mode="lines", line=dict(shape="hv")))
-    fig.update_layout(
-        title="Best SLA-feasible throughput over trials",
-        xaxis_title="trial",
-        yaxis_title=throughput_label(scenario),
-    )
-    return fig
-
-
-def _optuna_figures(study: optuna.Study, scenario: Scenario) -> list[go.Figure]:
-    """Knob importance and parallel coordinates on the throughput objective (Optuna's own plots)."""
-
-    def throughput(t: FrozenTrial) -> float:
-        return t.values[1]
-
-    label = throughput_label(scenario)
-    plots = (
-        # Optuna's default evaluator (PED-ANOVA) ranks knobs by how they reach low target values:
-        # high throughput is a low negative throughput.
-        lambda: optuna.visualization.plot_param_importances(
-            study,
-            target=lambda t: -throughput(t),
-            target_name=f"{label} (what reaches the highest)",
-        ),
-        lambda: optuna.visualization.plot_parallel_coordinate(
-            study, target=throughput, target_name=label
-        ),
-    )
-    figures = []
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no feasible trial" is the report's to say
-    try:
-        for plot in plots:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    figures.append(plot())
-            except (ValueError, RuntimeError):  # too few trials, or no knob that varied
-                continue
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    return figures
+from tuner.study import RANGE_EDGES, best_trial, feasible_front, trial_knobs
 
 
 def _plot(figure: go.Figure) -> str:
     return f"<div class='plot'>{figure.to_html(full_html=False, include_plotlyjs=False)}</div>"
 
 
-def _answer(best: FrozenTrial | None, scenario: Scenario) -> str:
+def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -> str:
     """The recommended config in one table: its knobs, capacity and quality, and their sources."""
     if best is None:
+        closest = closest_miss(study, [])
         return (
             "<p>No trial met the SLA"
             + (" and the quality SLO" if scenario.quality else "")
             + ": nothing was exported.</p>"
+            + (f"<p>{html.escape(closest)}</p>" if closest else "")
         )
     attrs = best.user_attrs
     knobs = attrs.get("knobs", best.params)
@@ -354,7 +56,10 @@ def _answer(best: FrozenTrial | None, scenario: Scenario) -> str:
     if attrs.get("capacity_rps"):
         capacity += f", {attrs['capacity_rps']:.3g} req/s"
     if attrs.get("instances_for_peak"):
-        capacity += f"; {attrs['instances_for_peak']} instances for the peak of {scenario.load.peak_rate:g} req/s"
+        capacity += (
+            f"; {attrs['instances_for_peak']} instances for the peak of "
+            f"{scenario.load.peak_rate:g} req/s"
+        )
     slo = scenario.quality.model_dump(exclude_none=True) if scenario.quality else {}
     load = f"{scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}"
     rows = [
@@ -387,6 +92,16 @@ def _table(rows: list[list[Any]], head: list[str]) -> str:
     return f"<table><tr>{cells}</tr>{body}</table>"
 
 
+def _edges(study: optuna.Study, best: FrozenTrial | None) -> str:
+    """Where the best config sat on an end of the ranges a run searched (tuner.cli_run), while
+    it is still the best."""
+    edges = study.user_attrs.get(RANGE_EDGES, {})
+    if best is None or not isinstance(edges, dict) or edges.get("trial") != best.number:
+        return ""
+    items = "".join(f"<li>The best {html.escape(message)}</li>" for message in edges["messages"])
+    return f"<ul class='edges'>{items}</ul>" if items else ""
+
+
 def build_html(study: optuna.Study, engine) -> str:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     best = best_trial(study, scenario)
@@ -395,7 +110,7 @@ def build_html(study: optuna.Study, engine) -> str:
         curves_figure(front, scenario),
         progress_figure(study, scenario),
         screen_figure(study, scenario),
-        *_optuna_figures(study, scenario),
+        *optuna_figures(study, scenario),
     ]
     plots = "".join(_plot(f) for f in figures if f is not None)
     trials = study.get_trials(deepcopy=False)
@@ -420,7 +135,9 @@ def build_html(study: optuna.Study, engine) -> str:
     parts = [
         _section(
             "Answer",
-            _answer(best, scenario) + "<h3>Quality ladder: what each step down in accuracy "
+            _answer(study, best, scenario)
+            + _edges(study, best)
+            + "<h3>Quality ladder: what each step down in accuracy "
             "buys</h3>"
             + _table(ladder, ladder_head)
             + _plot(pareto_figure(study, scenario, front, best)),
@@ -478,40 +195,20 @@ def build_html(study: optuna.Study, engine) -> str:
         )
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px}pre{background:#f6f6f6;padding:1em;overflow:auto}"
+        "td,th{border:1px solid #ccc;padding:4px 8px}"
+        "pre{background:#f6f6f6;padding:1em;overflow:auto}"
     )
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>autotune report: {html.escape(study.study_name)}</title><style>{style}</style>"
-        f"<script>{get_plotlyjs()}</script></head><body><h1>autotune report</h1>{''.join(parts)}</body></html>"
+        f"<script>{get_plotlyjs()}</script></head>"
+        f"<body><h1>autotune report</h1>{''.join(parts)}</body></html>"
     )
 
 
 def _mean(record: dict | None, key: str) -> str:
     value = (record or {}).get(key)
     return "-" if value is None else f"{value:.0f}"
-
-
-def write_pareto_png(study: optuna.Study, scenario: Scenario, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: a file
-    from optuna.visualization.matplotlib import plot_pareto_front
-
-    ax = plot_pareto_front(study, target_names=["TTFT p99 ms", throughput_label(scenario)])
-    ax.axvline(scenario.sla.ttft_p99_ms, linestyle="--", color="gray")
-    ax.set_xscale("log")  # trials that miss the SLA can be orders of magnitude slower
-    shown = _log_range(
-        [t.values[0] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-        + [scenario.sla.ttft_p99_ms]
-    )
-    ax.set_xlim(
-        10 ** shown[0], 10 ** shown[1]
-    )  # an infinite or zero TTFT must not stretch the axis
-    ax.figure.set_size_inches(8, 5)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    ax.figure.savefig(tmp, dpi=100, bbox_inches="tight")
-    tmp.replace(path)
 
 
 def write_report(study: optuna.Study, engine, path: Path) -> Path:

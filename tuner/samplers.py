@@ -38,7 +38,10 @@ def describe(name: str, simulated: bool) -> str:
     if name != "auto":
         return chosen
     if simulated:
-        return "tpe (auto: simulated trials are cheap, and TPE's proposals cheaper; gp is for real engines)"
+        return (
+            "tpe (auto: simulated trials are cheap, and TPE's proposals cheaper; "
+            "gp is for real engines)"
+        )
     if chosen == "gp":
         return "gp (auto: a real engine's trials are costly, and PyTorch and SciPy are installed)"
     return f"tpe (auto: no {gp_missing()}; {GP_HINT} for gp, which needs fewer real trials)"

@@ -10,6 +10,7 @@ by a session advisory lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from collections.abc import Iterator
@@ -30,10 +31,8 @@ def _folder_locked(folder: Path) -> Iterator[None]:
         yield
         return
     try:
-        try:
+        with contextlib.suppress(OSError):  # a filesystem without flock (some network mounts)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # a filesystem without flock (some network mounts)
-            pass
         yield
     finally:
         os.close(fd)  # releases the flock
@@ -61,6 +60,7 @@ def schema_creation(url: str) -> Iterator[None]:
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
+        assert parsed.database, "check_url refuses a SQLite URL without a database file"
         with _folder_locked(Path(parsed.database).expanduser().resolve().parent):
             yield
     elif backend == "postgresql":

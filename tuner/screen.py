@@ -19,13 +19,15 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
-from objectives.scoring import DIRECTIONS, is_feasible, pick_best
+from objectives.scoring import is_feasible, pick_best
 from objectives.userfile import InputError
 from runners.sim.calibration import fit
 from runners.sim.profiles import HardwareProfile, load_hardware, load_model
 from runners.sim.runner import SIM_ENGINES, SimRunner
 from search_spaces.space import SearchSpace
-from tuner.study import StudyRun, run_trial, study_observations
+from tuner.observations import study_observations
+from tuner.quality import QualityBook
+from tuner.study import STUDY_DIRECTIONS, StudyRun, run_trial
 
 SCREENS = ("sim",)
 CARRIED = 5  # configs a round starts from: the best measured for real, then the last round's best
@@ -44,15 +46,14 @@ class Screen:
     calibrated_on: int = 0  # real trials the profile was last fitted to
     carried: list[dict[str, Any]] = field(default_factory=list)
     record: optuna.Study | None = None  # `<study>.screen`: every simulated trial
-    quality: Any = (
-        None  # tuner.quality.QualityBook: the real study's measured figures, else the table
-    )
+    # the real study's measured figures, else the table
+    quality: QualityBook | None = None
 
     def attach(self, storage: optuna.storages.BaseStorage, study_name: str) -> None:
         self.record = optuna.create_study(
             storage=storage,
             study_name=f"{study_name}.screen",
-            directions=list(DIRECTIONS),
+            directions=list(STUDY_DIRECTIONS),
             load_if_exists=True,
         )
         self.record.set_user_attr("screens", study_name)
@@ -65,11 +66,12 @@ class Screen:
         self._recalibrate(real)
         self.rounds += 1
         sim = optuna.create_study(
-            directions=list(DIRECTIONS),
+            directions=list(STUDY_DIRECTIONS),
             sampler=optuna.samplers.TPESampler(
-                seed=(self.seed + self.rounds) % 2**32, multivariate=True
+                seed=(self.seed + self.rounds) % 2**32,  # numpy's seed range
+                multivariate=True,
             ),
-        )  # numpy's seed range
+        )
         for params in _best_params(real, self.scenario, CARRIED) + self.carried:
             sim.enqueue_trial(params, skip_if_exists=True)
         run = StudyRun(
@@ -121,12 +123,14 @@ class Screen:
         self.calibrated_on = trials
 
     def _keep(self, sim: optuna.Study) -> None:
+        record = self.record
+        assert record is not None, "a screen is given its record (attach) before its first round"
         for t in sim.trials:
             attrs = dict(t.user_attrs) | {
                 "round": self.rounds,
                 "hardware": self.runner.hardware.name,
             }
-            self.record.add_trial(
+            record.add_trial(
                 optuna.trial.create_trial(
                     state=t.state,
                     values=t.values,
@@ -176,7 +180,8 @@ def plan_screen(
     identity = runner.identity()
     if identity["runner"] == "sim":
         raise InputError(
-            "--screen: the study's runner is already the simulator; screen a real runner (--runner vllm, ...)"
+            "--screen: the study's runner is already the simulator; "
+            "screen a real runner (--runner vllm, ...)"
         )
     if identity["engine"] not in SIM_ENGINES:
         raise InputError(
@@ -185,8 +190,9 @@ def plan_screen(
         )
     if hardware is None:
         raise InputError(
-            "--screen-hardware: give the hardware profile to screen with (`autotune profile-hardware` "
-            "writes one for this machine; `autotune calibrate` fits one to real trials)"
+            "--screen-hardware: give the hardware profile to screen with "
+            "(`autotune profile-hardware` writes one for this machine; "
+            "`autotune calibrate` fits one to real trials)"
         )
     profile: HardwareProfile = load_hardware(hardware, "--screen-hardware")
     shapes = load_model(identity.get("model_path") or identity["model"])

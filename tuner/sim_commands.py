@@ -19,10 +19,10 @@ from runners.sim.profiling import DEVICES, profile_hardware
 from runners.sim.runner import SIM_ENGINES, SimRunner
 from tuner import flags
 from tuner.console import out
+from tuner.observations import study_observations
 from tuner.outputs import write_atomic
 from tuner.prepare import check_outputs, user_file
 from tuner.storage import DEFAULT_STORAGE, load_study, sqlite_file
-from tuner.study import study_observations
 
 # The profile whose engine-side figures (memory share, runtime reserve, prefill overhead) a
 # measured profile starts from, per device.
@@ -58,7 +58,8 @@ def write_profile(path: Path, profile: HardwareProfile, header: str) -> None:
     help="the hardware YAML to write",
 )
 def profile_hardware_cmd(device, model, base, name, output_path):
-    """Measure this machine's accelerator with PyTorch and write a hardware profile for the simulator."""
+    """Measure this machine's accelerator with PyTorch and write a hardware profile for the
+    simulator."""
     check_outputs({"-o": output_path}, {"--base": user_file(base)})
     shapes = load_model(model)
     base_profile = load_hardware(base, "--base") if base else load_hardware(BASE_PROFILE[device])
@@ -179,12 +180,11 @@ def calibrate_cmd(storage, study_name, hardware, model, engine, iterations, seed
     identity = study.user_attrs.get("identity", {})
     if identity.get("runner") == "sim" or "screens" in study.user_attrs:
         raise InputError(
-            f"--study {study.study_name}: its trials are simulated; calibrate needs a study of real "
-            "trials (--runner vllm, llamacpp, mindie or openai)"
+            f"--study {study.study_name}: its trials are simulated; calibrate needs a study of "
+            "real trials (--runner vllm, llamacpp, mindie or openai)"
         )
-    source = (
-        "--engine" if engine else f"--study {study.study_name}: its engine"
-    )  # name what said it
+    # Name what said it.
+    source = "--engine" if engine else f"--study {study.study_name}: its engine"
     engine = engine or identity.get("engine")
     if engine not in SIM_ENGINES:
         raise InputError(
@@ -196,8 +196,8 @@ def calibrate_cmd(storage, study_name, hardware, model, engine, iterations, seed
     )
     if hardware is None:
         raise InputError(
-            "--hardware: give the profile to start from: one `autotune profile-hardware` wrote for this "
-            f"machine, or a preset ({', '.join(hardware_names())})"
+            "--hardware: give the profile to start from: one `autotune profile-hardware` wrote "
+            f"for this machine, or a preset ({', '.join(hardware_names())})"
         )
     base = load_hardware(hardware)
     model = model or identity.get("model_path") or identity.get("model")
@@ -205,15 +205,20 @@ def calibrate_cmd(storage, study_name, hardware, model, engine, iterations, seed
     observations = study_observations(study)
     if not observations:
         raise InputError(
-            f"--study {study.study_name}: no real trial with a whole measured load to calibrate from"
+            f"--study {study.study_name}: no real trial with a whole measured load to calibrate "
+            "from"
         )
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     trials = len({o.trial for o in observations})
     out.print(
-        f"calibrating {base.name} on {len(observations)} loads of {trials} trials ({engine} scheduler, {shapes.name})"
+        f"calibrating {base.name} on {len(observations)} loads of {trials} trials "
+        f"({engine} scheduler, {shapes.name})"
     )
     make_runner = lambda profile: SimRunner(engine, shapes, profile)  # noqa: E731
-    note = f"calibrated {date.today().isoformat()} on {study.study_name} ({len(observations)} loads of {trials} trials)"
+    note = (
+        f"calibrated {date.today().isoformat()} on {study.study_name} "
+        f"({len(observations)} loads of {trials} trials)"
+    )
     fitted_part, held_out = split_held_out(observations)
     with out.status("fitting") as status:
 
@@ -253,14 +258,16 @@ def calibrate_cmd(storage, study_name, hardware, model, engine, iterations, seed
     )
     if held_fit:
         out.print(
-            f"held out: {len(held_out)} loads of trials {', '.join(map(str, sorted({o.trial for o in held_out})))}, "
+            f"held out: {len(held_out)} loads of trials "
+            f"{', '.join(map(str, sorted({o.trial for o in held_out})))}, "
             f"scored by a fit on the other {len(fitted_part)} loads"
         )
     else:
         out.print("held out: none (one load: nothing to score a fit on the others with)")
     if kept_start:
         out.print(
-            f"no fit beat {base.name} without a fitted metric's median error getting worse: its figures are kept"
+            f"no fit beat {base.name} without a fitted metric's median error getting worse: "
+            "its figures are kept"
         )
     note += "; no fit beat the start: its figures kept" if kept_start else ""
     calibrated = calibrated.model_copy(

@@ -22,9 +22,16 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import inspect as sqlalchemy_inspect
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import CursorResult, Result, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    relationship,
+    selectinload,
+)
 
 from objectives.userfile import InputError, first_line
 from tuner.schema_lock import schema_creation
@@ -129,8 +136,8 @@ def check_url(url: str, must_exist: bool = False) -> None:
 def study_name_missing(url: str, name: str) -> bool:
     """True when the storage holds no such study; never creates a database to find out."""
     check_url(url)
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database).expanduser().exists():
+    database = sqlite_file(url)  # None: not SQLite (check_url refuses SQLite without a file)
+    if database is not None and not database.exists():
         return True
     engine = create_engine(url)
     try:
@@ -172,7 +179,8 @@ def open_storage(
     check_url(url, must_exist=read_only)
     if read_only and not _tables(url) >= OPTUNA_TABLES:
         raise InputError(
-            f"--storage: {url} holds no Optuna studies (no {' or '.join(sorted(OPTUNA_TABLES))} table)"
+            f"--storage: {url} holds no Optuna studies "
+            f"(no {' or '.join(sorted(OPTUNA_TABLES))} table)"
         )
 
     def give_back_slot(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -242,11 +250,9 @@ def latest_snapshot(storage: optuna.storages.RDBStorage, study_name: str) -> Par
             .where(ParetoSnapshot.study_name == study_name)
             .order_by(ParetoSnapshot.id.desc())
             .limit(1)
+            .options(selectinload(ParetoSnapshot.members))  # loaded while the session is open
         )
-        snapshot = session.scalars(query).first()
-        if snapshot is not None:
-            snapshot.members  # load while the session is open
-        return snapshot
+        return session.scalars(query).first()
 
 
 def ensure_budget(
@@ -259,13 +265,20 @@ def ensure_budget(
         pass  # another worker created it first
 
 
+def rows_matched(result: Result[Any]) -> int:
+    """The rows an UPDATE matched. Session.execute is typed to return a Result, but what a DML
+    statement returns is a CursorResult, which counts them."""
+    assert isinstance(result, CursorResult), "an UPDATE's result is a CursorResult"
+    return result.rowcount
+
+
 def claim_trial(storage: optuna.storages.RDBStorage, study_name: str, total: int | None) -> bool:
     """Take one trial slot; with a total, only while fewer than `total` are claimed (atomic)."""
     query = update(TrialBudget).where(TrialBudget.study_name == study_name)
     if total is not None:
         query = query.where(TrialBudget.claimed < total)
     with Session(storage.engine) as session, session.begin():
-        return session.execute(query.values(claimed=TrialBudget.claimed + 1)).rowcount == 1
+        return rows_matched(session.execute(query.values(claimed=TrialBudget.claimed + 1))) == 1
 
 
 def release_claim(storage: optuna.storages.RDBStorage, study_name: str) -> None:
@@ -306,7 +319,8 @@ class NightlyLock(Base):
 def load_study(
     storage: str, study_name: str | None
 ) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
-    """An existing study by name (or the only one in the storage), for the commands that read one."""
+    """An existing study by name (or the only one in the storage), for the commands that read
+    one."""
     rdb = open_storage(storage, read_only=True)
     summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     names = [s.study_name for s in summaries]

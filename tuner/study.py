@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
@@ -25,26 +26,24 @@ from objectives.scoring import (
     pick_best,
     quality_constraint_values,
 )
-from objectives.userfile import InputError, first_line
+from objectives.userfile import first_line
 from runners.base import Runner
 from runners.capacity import evaluate
 from runners.measurement import Fault
-from runners.sim.calibration import METRICS, Observation
 from search_spaces.space import SearchSpace
 from tuner.console import err
 from tuner.interrupts import interrupts_deferred
-from tuner.quality import QualityBook, default_book, trial_figures
+from tuner.quality import QualityBook, trial_figures
+from tuner.quality_plan import default_book
 from tuner.storage import claim_trial, ensure_budget, release_claim, save_snapshot
+from tuner.study_guards import check_comparable
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
-# What a trial's numbers depend on: a study keeps them, and refuses a scenario that changed them.
-SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance", "quality")
 CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization's key
-MEASURED_BY = (
-    "runner",
-    "engine",
-    "model",
-)  # of a study's identity: what its trials were measured with
+# Study attribute: where the last run's best config sits on an end of a searched range.
+RANGE_EDGES = "range_edges"
+# objectives.scoring.DIRECTIONS as Optuna takes them: TTFT p99 minimised, throughput maximised.
+STUDY_DIRECTIONS = tuple(StudyDirection[direction.upper()] for direction in DIRECTIONS)
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
@@ -63,9 +62,8 @@ def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
 class TrialReport:
     number: int
     config: dict[str, Any]
-    status: (
-        str  # "feasible", "violates-sla" (the latency SLA or the quality SLO), "infeasible", "fail"
-    )
+    # "feasible", "violates-sla" (the latency SLA or the quality SLO), "infeasible", "fail"
+    status: str
     values: tuple[float, float] | None = None
     reason: str = ""
 
@@ -79,69 +77,16 @@ class StudyRun:
     storage: optuna.storages.RDBStorage | None
     reports: list[TrialReport] = field(default_factory=list)
     screen: Any = None  # tuner.screen.Screen: the simulator proposes each trial's config
-    quality: QualityBook | None = (
-        None  # each trial's quality figure (default: the runner's model's shipped table)
-    )
+    # each trial's quality figure (default: the runner's model's shipped table)
+    quality: QualityBook | None = None
 
     def __post_init__(self):
         if self.quality is None:
             self.quality = default_book(self.study, self.runner)
 
 
-def _check_identity(name: str, recorded: dict[str, str] | None, current: dict[str, str]) -> None:
-    """A study's trials are comparable only when measured by the same runner, engine and model
-    (simulated and real trials must never mix), and on the simulator the same hardware profile.
-    A real engine's hardware is a label, by default each host's name: workers on several hosts
-    of one kind share a study, so it is not compared."""
-    keys = MEASURED_BY + (("hardware",) if current["runner"] == "sim" else ())
-    changed = [
-        key for key in keys if recorded is not None and recorded.get(key) != current.get(key)
-    ]
-    if changed:
-        was = ", ".join(f"{key} {recorded.get(key)}" for key in changed)
-        now = ", ".join(f"{key} {current.get(key)}" for key in changed)
-        raise InputError(
-            f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
-            "compared, so give a new --study name"
-        )
-
-
-def _recorded_scenario(study: optuna.Study) -> dict[str, Any] | None:
-    """The study's scenario with today's defaults filled in, so that a field added since it was
-    recorded (one the user never set) does not read as a change."""
-    recorded = study.user_attrs.get("scenario")
-    try:
-        return (
-            None if recorded is None else Scenario.model_validate(recorded).model_dump(mode="json")
-        )
-    except ValueError:
-        return recorded
-
-
-def constraint_names(scenario: Scenario) -> list[str]:
-    """The names of a trial's constraints under this scenario, in their stored order."""
-    measured = {"ttft_p99_ms": 0.0, "tpot_p99_ms": 0.0, "success_rate": 1.0}
-    return list(
-        constraint_values(measured, scenario.sla) | quality_constraint_values({}, scenario.quality)
-    )
-
-
-def _check_constraint_names(name: str, study: optuna.Study, scenario: Scenario) -> None:
-    """Samplers compare trials' constraint lists position by position: a study whose trials
-    carry other constraints (made by an older autotune) cannot take new ones."""
-    expected = constraint_names(scenario)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        named = trial.user_attrs.get("sla_constraints")
-        if named is not None and list(named) != expected:
-            raise InputError(
-                f"--study {name}: its trials carry the constraints {', '.join(named)}, not "
-                f"{', '.join(expected)} (made by an older autotune); give a new --study name"
-            )
-        return
-
-
 def create_study(
-    storage: optuna.storages.BaseStorage,
+    storage: optuna.storages.RDBStorage,
     name: str,
     sampler: optuna.samplers.BaseSampler,
     scenario: Scenario,
@@ -151,23 +96,11 @@ def create_study(
         storage=storage,
         study_name=name,
         sampler=sampler,
-        directions=list(DIRECTIONS),
+        directions=list(STUDY_DIRECTIONS),
         load_if_exists=True,
     )
-    recorded, current = _recorded_scenario(study), scenario.model_dump(mode="json")
-    changed = [
-        key
-        for key in SCENARIO_MEASURES
-        if recorded is not None and recorded.get(key) != current[key]
-    ]
-    if changed:
-        raise InputError(
-            f"--study {name}: its trials were measured under another scenario ({', '.join(changed)} "
-            "changed), so they cannot be compared; give a new --study name"
-        )
-    _check_identity(name, study.user_attrs.get("identity"), identity)
-    _check_constraint_names(name, study, scenario)
-    study.set_user_attr("scenario", current)
+    check_comparable(name, study, scenario, identity)
+    study.set_user_attr("scenario", scenario.model_dump(mode="json"))
     with warnings.catch_warnings():  # experimental in Optuna; optuna-dashboard shows the names
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(objective_names(scenario)))
@@ -192,7 +125,8 @@ def beating(beat: Callable[[], None], every_s: float, name: str):
             except Exception as error:
                 if not failing:
                     err.print(
-                        f"autotune: warning: {name} failed ({first_line(error)}); retrying every {every_s:g} s",
+                        f"autotune: warning: {name} failed ({first_line(error)}); "
+                        f"retrying every {every_s:g} s",
                         markup=False,
                         highlight=False,
                         soft_wrap=True,
@@ -212,13 +146,20 @@ def beating(beat: Callable[[], None], every_s: float, name: str):
         thread.join()
 
 
+def heartbeat_interval(storage: optuna.storages.RDBStorage) -> int:
+    """Seconds between a running trial's heartbeats (--heartbeat)."""
+    interval = storage.get_heartbeat_interval()
+    assert interval is not None, "open_storage gives every storage a heartbeat interval"
+    return interval
+
+
 def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
     """Keep the trial's heartbeat while it runs: if this process dies, the next one to open
     the study sees the heartbeat stop and fails the trial (Optuna's stale-trial check)."""
     storage.record_heartbeat(trial._trial_id)
     return beating(
         lambda: storage.record_heartbeat(trial._trial_id),
-        storage.get_heartbeat_interval(),
+        heartbeat_interval(storage),
         f"the heartbeat of trial {trial.number}",
     )
 
@@ -265,7 +206,8 @@ def record_constraints(trial: optuna.Trial, constraints: dict[str, float]) -> No
 
 
 def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
-    scenario, workload = run.scenario, run.scenario.workload
+    scenario, workload, book = run.scenario, run.scenario.workload, run.quality
+    assert book is not None, "StudyRun.__post_init__ gives every run a quality book"
     config = run.space.suggest(trial)
     trial.set_user_attr("knobs", config)
     reasons = run.space.violations(config, workload) + run.runner.violations(config, workload)
@@ -274,8 +216,8 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     args = run.runner.engine_args(config, workload)
     if args is not None:  # the export deploys exactly these (tuner/export.py)
         trial.set_user_attr("engine_args", args)
-    run.quality.before_session(config)
-    evaluation = evaluate(run.runner, config, scenario, on_session=run.quality.session_hook(config))
+    book.before_session(config)
+    evaluation = evaluate(run.runner, config, scenario, on_session=book.session_hook(config))
     for key, value in evaluation.extra.items():
         trial.set_user_attr(f"runner_{key}", value)
     if evaluation.fault is not None:
@@ -298,7 +240,7 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
                 f"no request succeeded at the nominal rate: no TTFT or throughput to report{why}",
             ),
         )
-    quality = run.quality.trial_attrs(config)
+    quality = book.trial_attrs(config)
     for key, value in quality.items():
         trial.set_user_attr(key, value)
     constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(
@@ -311,12 +253,14 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     return TrialReport(trial.number, config, status, values)
 
 
-def _end_interrupted(run: StudyRun, trial: optuna.Trial | None) -> None:
+def _end_interrupted(
+    run: StudyRun, storage: optuna.storages.RDBStorage, trial: optuna.Trial | None
+) -> None:
     """Wherever Ctrl-C landed (the sampler, the engine, our bookkeeping), the trial it cut
     short ends FAIL "interrupted", not RUNNING until a later run fails it as stale; before a
     trial existed, its claimed slot is given back."""
     if trial is None:
-        release_claim(run.storage, run.study.study_name)
+        release_claim(storage, run.study.study_name)
     elif trial.storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
         _fail(
             run.study,
@@ -340,11 +284,13 @@ def optimize(
     """Run up to `trials` trials. With `study_total`, all workers of the study together run
     exactly that many: each claims a slot first, and a worker that finds none left waits for
     the others' running trials, since a dead worker's trial is failed and its slot given back."""
+    storage = run.storage
+    assert storage is not None, "only the screen's rounds run with no storage, and not here"
     started = time.monotonic()
     ran = 0
     while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
         optuna.storages.fail_stale_trials(run.study)
-        if claim_trial(run.storage, run.study.study_name, study_total):
+        if claim_trial(storage, run.study.study_name, study_total):
             trial = None
             try:
                 if run.screen is not None:
@@ -352,11 +298,11 @@ def optimize(
                 with interrupts_deferred():  # ask() stores the trial RUNNING before we hold it
                     trial = run.study.ask()
                 trial.set_user_attr("worker", WORKER)
-                with heartbeat(run.storage, trial):
+                with heartbeat(storage, trial):
                     report = run_trial(run, trial)
             except KeyboardInterrupt:
                 with interrupts_deferred():
-                    _end_interrupted(run, trial)
+                    _end_interrupted(run, storage, trial)
                 raise
             run.reports.append(report)
             on_trial(report)
@@ -364,7 +310,7 @@ def optimize(
             if _grid_exhausted(run.study):
                 break
         elif _running(run.study):
-            time.sleep(min(1.0, run.storage.get_heartbeat_interval()))
+            time.sleep(min(1.0, heartbeat_interval(storage)))
         else:
             break
 
@@ -375,29 +321,6 @@ def trial_knobs(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
     if "knobs" in trial.user_attrs:
         return dict(trial.user_attrs["knobs"])
     return study.user_attrs.get("fixed_knobs", {}) | trial.params
-
-
-def study_observations(study: optuna.Study) -> list[Observation]:
-    """Every load a real engine served in the study that ran whole: each step of a capacity
-    search (steps stopped early are left out: their figures are partial), or the fixed load."""
-    scenario = Scenario.model_validate(study.user_attrs["scenario"])
-    observations = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        attrs = trial.user_attrs
-        steps = attrs.get("capacity_steps") or [
-            {"rate": scenario.nominal_rate, **{k: attrs.get(k) for k in METRICS}}
-        ]
-        for step in steps:
-            measured = {
-                k: float(step[k]) for k in METRICS if step.get(k) is not None and step[k] > 0
-            }
-            if "fault" not in step and measured:
-                observations.append(
-                    Observation(
-                        trial.number, trial_knobs(study, trial), float(step["rate"]), measured
-                    )
-                )
-    return observations
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:

@@ -26,7 +26,7 @@ import optuna
 
 from objectives.scenario import Scenario
 from runners.measurement import summarize
-from runners.sim.profiles import Figure, HardwareProfile
+from runners.sim.profiles import Figure, HardwareProfile, Source
 
 # What the simulator is judged on: both ends of the latency, and the rate.
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s")
@@ -58,11 +58,15 @@ class Observation:
     config: dict[str, Any]
     rate: float
     measured: dict[str, float]  # METRICS that were measured
+    # The judged window's requests (runners.capacity extends a step's load); None: the scenario's.
+    requests: int | None = None
 
 
 def simulate(runner, scenario: Scenario, observation: Observation) -> dict[str, float | None]:
     """The simulator's METRICS for one observation (None where its load failed)."""
     workload = scenario.at_rate(observation.rate)
+    if observation.requests is not None:
+        workload = workload.model_copy(update={"num_requests": observation.requests})
     with runner.session(observation.config, workload) as session:
         m = session.measure(workload, scenario.sla, False)
     if m.fault is not None or not m.sent:
@@ -92,7 +96,7 @@ def fitted_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def with_figures(
-    base: HardwareProfile, values: dict[str, float], note: str, source: str = "calibrated"
+    base: HardwareProfile, values: dict[str, float], note: str, source: Source = "calibrated"
 ) -> HardwareProfile:
     return base.model_copy(
         update={key: Figure(value=value, source=source, note=note) for key, value in values.items()}
@@ -126,7 +130,8 @@ def fit(
     seed: int = 0,
     progress: Callable[[int, float], None] = lambda done, best: None,
 ) -> Fitted:
-    """The calibrated profile (the start itself when nothing beats it), the loss before and after."""
+    """The calibrated profile (the start itself when nothing beats it), the loss before and
+    after."""
 
     def score(profile: HardwareProfile) -> tuple[float, dict[str, float]]:
         rows = error_table(observations, scenario, make_runner(profile))
@@ -163,14 +168,19 @@ def fit(
     study.optimize(
         objective,
         n_trials=iterations,
-        callbacks=[
-            lambda s, t: progress(len(s.trials), min([loss_before, *(k.value for k in kept())]))
-        ],
+        callbacks=[lambda s, t: progress(len(s.trials), min([loss_before, *map(_loss, kept())]))],
     )
-    best = min(kept(), key=lambda t: t.value, default=None)
-    if best is None or best.value >= loss_before:
+    best = min(kept(), key=_loss, default=None)
+    if best is None or _loss(best) >= loss_before:
         return Fitted(base, loss_before, loss_before, kept_start=True)
-    return Fitted(with_figures(base, best.params, note), loss_before, best.value, kept_start=False)
+    return Fitted(with_figures(base, best.params, note), loss_before, _loss(best), kept_start=False)
+
+
+def _loss(trial: optuna.trial.FrozenTrial) -> float:
+    """A kept trial's loss: fit() keeps only trials that have one."""
+    if trial.value is None:
+        raise ValueError(f"trial {trial.number} has no loss")
+    return trial.value
 
 
 def split_held_out(observations: list[Observation]) -> tuple[list[Observation], list[Observation]]:
@@ -188,7 +198,8 @@ def split_held_out(observations: list[Observation]) -> tuple[list[Observation], 
 def error_rows(
     observation: Observation, predicted: dict[str, float | None]
 ) -> list[dict[str, Any]]:
-    """Per measured metric of one observation: the prediction, the measurement and the signed % error."""
+    """Per measured metric of one observation: the prediction, the measurement and the signed %
+    error."""
     rows = []
     for key, real in observation.measured.items():
         guess = predicted.get(key)

@@ -7,7 +7,7 @@ the larger of the two bounds plus fixed overheads. All constants come from the h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runners.sim.profiles import HardwareProfile, ModelProfile
 
@@ -22,42 +22,56 @@ class CostModel:
     hardware: HardwareProfile
     quantization: str
     kv_ratio: float
+    # Figures derived from the above in __post_init__:
+    # every weight held in memory, and those a decode step reads (not the input embedding)
+    weight_bytes: float = field(init=False, repr=False, compare=False)
+    weight_read_bytes: float = field(init=False, repr=False, compare=False)
+    kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
+    # sustained matmul throughput under the scheme, and memory bandwidth
+    flops_per_s: float = field(init=False, repr=False, compare=False)
+    bytes_per_s: float = field(init=False, repr=False, compare=False)
+    # attention FLOPs per query-key pair, all layers
+    attn_flops_per_pair: float = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
-        hw, m = self.hardware, self.model
-        embeddings = m.params_lm_head * (1 if m.tied_embeddings else 2)
-        object.__setattr__(
-            self,
-            "weight_bytes",
-            m.params_body * WEIGHT_BYTES[self.quantization] + embeddings * EMBEDDING_BYTES,
-        )
+    def __post_init__(self) -> None:
+        hardware, model = self.hardware, self.model
+        embeddings = model.params_lm_head * (1 if model.tied_embeddings else 2)
+        body_bytes = model.params_body * WEIGHT_BYTES[self.quantization]
+        object.__setattr__(self, "weight_bytes", body_bytes + embeddings * EMBEDDING_BYTES)
         # Decode reads the body and the LM head, not the input embedding (a gather).
         object.__setattr__(
-            self,
-            "weight_read_bytes",
-            m.params_body * WEIGHT_BYTES[self.quantization] + m.params_lm_head * EMBEDDING_BYTES,
+            self, "weight_read_bytes", body_bytes + model.params_lm_head * EMBEDDING_BYTES
         )
-        object.__setattr__(self, "kv_bytes_per_token", m.kv_bytes_per_token_bf16 * self.kv_ratio)
+        object.__setattr__(
+            self, "kv_bytes_per_token", model.kv_bytes_per_token_bf16 * self.kv_ratio
+        )
         peak = (
-            (hw.int8_tops if self.quantization == "w8a8" else hw.bf16_tflops).value
+            (hardware.int8_tops if self.quantization == "w8a8" else hardware.bf16_tflops).value
             * 1e12
-            * hw.mfu.value
+            * hardware.mfu.value
         )
-        slowdown = 1 + hw.dequant_overhead.value if self.quantization in ("w8a16", "w4a16") else 1.0
+        slowdown = (
+            1 + hardware.dequant_overhead.value if self.quantization in ("w8a16", "w4a16") else 1.0
+        )
         object.__setattr__(self, "flops_per_s", peak / slowdown)
-        object.__setattr__(self, "bytes_per_s", hw.bandwidth_tbs.value * 1e12 * hw.mbu.value)
-        object.__setattr__(self, "attn_flops_per_pair", 4 * m.layers * m.heads * m.head_dim)
+        object.__setattr__(
+            self, "bytes_per_s", hardware.bandwidth_tbs.value * 1e12 * hardware.mbu.value
+        )
+        object.__setattr__(
+            self, "attn_flops_per_pair", 4 * model.layers * model.heads * model.head_dim
+        )
 
     def activation_bytes(self, step_tokens: int) -> float:
-        """Peak activations of the largest step (engines reserve them before sizing the KV cache)."""
-        m = self.model
-        return step_tokens * (4 * m.hidden + 2 * m.intermediate) * 2.0
+        """Peak activations of the largest step (reserved before the KV cache is sized)."""
+        model = self.model
+        return step_tokens * (4 * model.hidden + 2 * model.intermediate) * 2.0
 
     def kv_capacity_tokens(self, step_tokens: int) -> int:
         """Tokens of KV cache that fit beside weights and activations; negative when those don't."""
-        hw = self.hardware
+        hardware = self.hardware
         usable = (
-            hw.memory_gb.value * GB * hw.memory_fraction.value - hw.runtime_reserve_gb.value * GB
+            hardware.memory_gb.value * GB * hardware.memory_fraction.value
+            - hardware.runtime_reserve_gb.value * GB
         )
         return int(
             (usable - self.weight_bytes - self.activation_bytes(step_tokens))
@@ -75,19 +89,22 @@ class CostModel:
     ) -> float:
         """One step: prefill chunks (new tokens, attention query-key pairs, KV tokens already
         cached before the chunks, sequences) plus one token for each decoding sequence."""
-        m, hw = self.model, self.hardware
+        model, hardware = self.model, self.hardware
         rows = prefill_tokens + decode_seqs
-        gemm_flops = 2 * m.params_body * rows + 2 * m.params_lm_head * (prefill_seqs + decode_seqs)
+        gemm_flops = 2 * model.params_body * rows + 2 * model.params_lm_head * (
+            prefill_seqs + decode_seqs
+        )
         # Matmul efficiency grows with the tokens of a prefill; pure decode steps stream the weights
         # and are bandwidth-bound, which the memory bound below already says.
-        efficiency = rows / (rows + hw.gemm_half_tokens.value) if prefill_tokens else 1.0
+        efficiency = rows / (rows + hardware.gemm_half_tokens.value) if prefill_tokens else 1.0
         compute = gemm_flops / (self.flops_per_s * efficiency)
         compute += self.attn_flops_per_pair * (prefill_pairs + decode_context) / self.flops_per_s
         kv_bytes = self.kv_bytes_per_token * (decode_context + prefill_prefix + prefill_tokens)
         memory = (self.weight_read_bytes + kv_bytes) / self.bytes_per_s
-        overhead = hw.decode_step_overhead_ms.value + hw.per_sequence_overhead_ms.value * (
-            prefill_seqs + decode_seqs
+        overhead = (
+            hardware.decode_step_overhead_ms.value
+            + hardware.per_sequence_overhead_ms.value * (prefill_seqs + decode_seqs)
         )
         if prefill_tokens:
-            overhead += hw.prefill_step_overhead_ms.value
+            overhead += hardware.prefill_step_overhead_ms.value
         return max(compute, memory) + overhead / 1000

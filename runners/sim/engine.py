@@ -19,26 +19,23 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Literal
+from typing import NamedTuple
 
 import numpy as np
 
-from runners.measurement import Fault, Measurement, p99_breaking_count
+from runners.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
 from runners.sim.costs import CostModel
+from runners.sim.scheduler import Scheduler, TraceStep
 from runners.workload import Requests
 
-Policy = Literal["prefill-first", "select-batch", "chunked", "whole-prefill"]
 
+class _Due(NamedTuple):
+    """A heap entry: at decode step `step` a request finishes (or needs its next KV block);
+    stale once the request's `version` has moved on (it was preempted)."""
 
-@dataclass(frozen=True)
-class Scheduler:
-    policy: Policy
-    max_batch: int
-    max_prefill_tokens: int
-    max_prefill_batch: int
-    prefill_ms_per_req: float = 150.0
-    decode_ms_per_req: float = 50.0
+    step: int
+    request: int
+    version: int
 
 
 class Simulation:
@@ -51,39 +48,41 @@ class Simulation:
         block_tokens: int,
         ttft_bound_s: float | None = None,
     ):
-        self.cost, self.sched, self.bs = cost, scheduler, block_tokens
-        # Early rejection as the load generator does it: stop once the TTFT p99 bound is certainly broken.
+        self.cost, self.scheduler, self.block_tokens = cost, scheduler, block_tokens
+        # Early rejection as the load generator does it: stop once the TTFT p99 bound is
+        # certainly broken. The warm-up's requests are no p99 samples (runners.measurement).
         latency = cost.hardware.request_latency_ms
         self.latency_s = latency.value / 1000 if latency is not None else 0.0
         self.ttft_bound_s = ttft_bound_s
-        self.breaking = p99_breaking_count(len(requests))
-        self.late = 0
-        n = len(requests)
-        self.output = requests.output_tokens.tolist()
-        self.input = requests.input_tokens
+        planned = len(requests)
+        self.warmup = warmup_requests(planned)
+        self.breaking_count = p99_breaking_count(planned - self.warmup)  # none fails here
+        self.late_first_tokens = 0
+        self.output_tokens = requests.output_tokens.tolist()
+        self.input_tokens = requests.input_tokens
         self.prompt = requests.input_tokens.tolist()  # grows by the generated tokens on preemption
-        self.remaining = list(self.output)
-        self.send = [math.nan] * n
-        self.first = [math.nan] * n
-        self.finish = [math.nan] * n
-        self.g0 = [0] * n  # decode-step counter when the request joined the decoders
-        self.ctx0 = [0] * n  # its context then
-        self.blocks = [0] * n
-        self.version = [0] * n  # invalidates heap entries of a preempted request
-        self.total_blocks = self.free = kv_blocks
+        self.remaining = list(self.output_tokens)
+        self.send = [math.nan] * planned
+        self.first = [math.nan] * planned
+        self.finish = [math.nan] * planned
+        self.joined_step = [0] * planned  # decode-step counter when the request joined the decoders
+        self.joined_context = [0] * planned  # its context then
+        self.blocks = [0] * planned
+        self.version = [0] * planned  # invalidates heap entries of a preempted request
+        self.total_blocks = self.free_blocks = kv_blocks
         self.peak_used = 0
-        self.arrivals = requests.arrival_s
+        self.arrivals = requests.arrival_s  # None: a closed loop of `concurrency` in flight
         self.concurrency = requests.concurrency
         self.next_arrival = 0
         self.waiting: deque[int] = deque()
         self.decoding: dict[int, None] = {}  # admission order: the last one is preempted first
         self.prefilling: dict[int, int] = {}  # chunked policy: request -> prompt tokens done
-        self.finish_heap: list[tuple[int, int, int]] = []
-        self.block_heap: list[tuple[int, int, int]] = []
-        self.t = 0.0
-        self.G = 0
-        self.ctx_sum = 0
-        self.done = 0
+        self.finish_heap: list[_Due] = []
+        self.block_heap: list[_Due] = []
+        self.now = 0.0
+        self.decode_steps = 0
+        self.decoding_context = 0  # the decoding requests' contexts, summed
+        self.finished_count = 0
         self.decode_waste = 0.0
         self.stats = {
             "steps": 0,
@@ -93,135 +92,150 @@ class Simulation:
             "max_prefill_seqs": 0,
             "max_step_tokens": 0,
         }
-        # When a list: one (kind, prefill seqs, prefill tokens, decoding seqs, waiting) per step.
-        self.trace: list[tuple[str, int, int, int, int]] | None = None
+        # When a list: one entry per step.
+        self.trace: list[TraceStep] | None = None
 
     # --- arrivals -------------------------------------------------------------------------
-    def _arrive(self, i: int, at: float) -> None:
-        self.send[i] = at
-        self.waiting.append(i)
+    def _arrive(self, request: int, send_s: float) -> None:
+        self.send[request] = send_s
+        self.waiting.append(request)
         self.next_arrival += 1
 
     def _admit_arrivals(self) -> None:
-        n = len(self.prompt)
-        if self.arrivals is None:
+        planned = len(self.prompt)
+        arrivals = self.arrivals
+        if arrivals is None:
             if self.next_arrival == 0:
-                for i in range(min(self.concurrency, n)):
+                if self.concurrency is None:  # make_requests gives one or the other
+                    raise ValueError("requests without arrival times need a concurrency")
+                for i in range(min(self.concurrency, planned)):
                     self._arrive(i, 0.0)
             return
-        while self.next_arrival < n and self.arrivals[self.next_arrival] <= self.t:
-            self._arrive(self.next_arrival, float(self.arrivals[self.next_arrival]))
+        while self.next_arrival < planned and arrivals[self.next_arrival] <= self.now:
+            self._arrive(self.next_arrival, float(arrivals[self.next_arrival]))
 
     # --- KV blocks ------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.bs)
+        return -(-tokens // self.block_tokens)
 
     def _take(self, blocks: int) -> None:
-        self.free -= blocks
-        self.peak_used = max(self.peak_used, self.total_blocks - self.free)
+        self.free_blocks -= blocks
+        self.peak_used = max(self.peak_used, self.total_blocks - self.free_blocks)
 
     def _preempt_last(self) -> None:
         """Recompute policy: the newest request gives back its blocks and waits at the front."""
         self.stats["preemptions"] += 1
         if self.prefilling:
-            i = next(reversed(self.prefilling))
-            del self.prefilling[i]
+            request = next(reversed(self.prefilling))
+            del self.prefilling[request]
         else:
-            i = next(reversed(self.decoding))
-            del self.decoding[i]
-            decoded = self.G - self.g0[i]
-            self.ctx_sum -= self.ctx0[i] + decoded
-            self.prompt[i] = self.ctx0[i] + decoded  # the prompt and every token generated so far
-            self.remaining[i] -= decoded
-        self.free += self.blocks[i]
-        self.blocks[i] = 0
-        self.version[i] += 1
-        self.waiting.appendleft(i)
+            request = next(reversed(self.decoding))
+            del self.decoding[request]
+            decoded = self.decode_steps - self.joined_step[request]
+            self.decoding_context -= self.joined_context[request] + decoded
+            # the prompt and every token generated so far
+            self.prompt[request] = self.joined_context[request] + decoded
+            self.remaining[request] -= decoded
+        self.free_blocks += self.blocks[request]
+        self.blocks[request] = 0
+        self.version[request] += 1
+        self.waiting.appendleft(request)
 
     def _grow_blocks(self) -> None:
-        """Give a block to every decoding request whose context crosses a block boundary next step."""
+        """Give a block to every decoding request whose context crosses a block boundary next
+        step."""
         heap = self.block_heap
-        while heap and heap[0][0] <= self.G + 1:
-            _, i, v = heapq.heappop(heap)
-            if v != self.version[i]:
+        while heap and heap[0].step <= self.decode_steps + 1:
+            _, request, version = heapq.heappop(heap)
+            if version != self.version[request]:
                 continue
-            while self.free == 0 and i in self.decoding:
+            while self.free_blocks == 0 and request in self.decoding:
                 self._preempt_last()
-            if i not in self.decoding:
+            if request not in self.decoding:
                 continue
             self._take(1)
-            self.blocks[i] += 1
-            heapq.heappush(heap, (self.g0[i] + self.blocks[i] * self.bs - self.ctx0[i] + 1, i, v))
+            self.blocks[request] += 1
+            heapq.heappush(heap, _Due(self._next_block_step(request), request, version))
+
+    def _next_block_step(self, request: int) -> int:
+        """The decode step before which the request's context outgrows its blocks."""
+        capacity = self.blocks[request] * self.block_tokens
+        return self.joined_step[request] + capacity - self.joined_context[request] + 1
 
     # --- lifecycle ------------------------------------------------------------------------
-    def _first_token(self, i: int) -> None:
-        """Request i finished its prefill at self.t and produced a token."""
-        if math.isnan(self.first[i]):
-            self.first[i] = self.t
+    def _first_token(self, request: int) -> None:
+        """The request finished its prefill at self.now and produced a token."""
+        if math.isnan(self.first[request]):
+            self.first[request] = self.now
             if (
                 self.ttft_bound_s is not None
-                and self.t + self.latency_s - self.send[i] > self.ttft_bound_s
+                and request >= self.warmup
+                and self.now + self.latency_s - self.send[request] > self.ttft_bound_s
             ):
-                self.late += 1
-        self.remaining[i] -= 1
-        if self.remaining[i] == 0:
-            self._finish(i)
+                self.late_first_tokens += 1
+        self.remaining[request] -= 1
+        if self.remaining[request] == 0:
+            self._finish(request)
             return
-        self.decoding[i] = None
+        self.decoding[request] = None
         self.stats["max_running"] = max(
             self.stats["max_running"], len(self.decoding) + len(self.prefilling)
         )
-        self.g0[i], self.ctx0[i] = self.G, self.prompt[i] + 1
-        self.ctx_sum += self.ctx0[i]
-        v = self.version[i]
-        heapq.heappush(self.finish_heap, (self.G + self.remaining[i], i, v))
-        heapq.heappush(
-            self.block_heap, (self.G + self.blocks[i] * self.bs - self.ctx0[i] + 1, i, v)
-        )
+        self.joined_step[request] = self.decode_steps
+        self.joined_context[request] = self.prompt[request] + 1
+        self.decoding_context += self.joined_context[request]
+        version = self.version[request]
+        finish_step = self.decode_steps + self.remaining[request]
+        heapq.heappush(self.finish_heap, _Due(finish_step, request, version))
+        heapq.heappush(self.block_heap, _Due(self._next_block_step(request), request, version))
 
-    def _finish(self, i: int) -> None:
-        self.finish[i] = self.t
-        self.free += self.blocks[i]
-        self.blocks[i] = 0
-        self.done += 1
+    def _finish(self, request: int) -> None:
+        self.finish[request] = self.now
+        self.free_blocks += self.blocks[request]
+        self.blocks[request] = 0
+        self.finished_count += 1
         if self.arrivals is None and self.next_arrival < len(self.prompt):
-            self._arrive(self.next_arrival, self.t)
+            self._arrive(self.next_arrival, self.now)
 
     def _retire_decoders(self) -> None:
         heap = self.finish_heap
-        while heap and heap[0][0] <= self.G:
-            _, i, v = heapq.heappop(heap)
-            if v != self.version[i] or i not in self.decoding:
+        while heap and heap[0].step <= self.decode_steps:
+            _, request, version = heapq.heappop(heap)
+            if version != self.version[request] or request not in self.decoding:
                 continue
-            del self.decoding[i]
-            self.ctx_sum -= self.ctx0[i] + self.G - self.g0[i]
-            self.remaining[i] = 0
-            self._finish(i)
+            del self.decoding[request]
+            self.decoding_context -= (
+                self.joined_context[request] + self.decode_steps - self.joined_step[request]
+            )
+            self.remaining[request] = 0
+            self._finish(request)
 
     # --- steps ----------------------------------------------------------------------------
     def _pick_prefills(
         self, budget: float, seats: int, limit: int, alone_ok: bool = True
     ) -> list[int]:
-        batch, tokens = [], 0
+        batch: list[int] = []
+        tokens = 0
         while self.waiting and len(batch) < min(seats, limit):
-            i = self.waiting[0]
-            need = self._blocks_for(self.prompt[i] + 1)
-            # A preempted request recomputes its prompt and what it generated, which may exceed the
-            # budget: it then runs alone (when the step has room for it) rather than block the queue.
-            over = tokens + self.prompt[i] > budget
-            if (over and (batch or not alone_ok)) or need > self.free:
+            request = self.waiting[0]
+            need = self._blocks_for(self.prompt[request] + 1)
+            # A preempted request recomputes its prompt and what it generated, which may exceed
+            # the budget: it then runs alone (when the step has room for it) rather than block
+            # the queue.
+            over = tokens + self.prompt[request] > budget
+            if (over and (batch or not alone_ok)) or need > self.free_blocks:
                 break
             self.waiting.popleft()
             self._take(need)
-            self.blocks[i] = need
-            batch.append(i)
-            tokens += self.prompt[i]
+            self.blocks[request] = need
+            batch.append(request)
+            tokens += self.prompt[request]
         return batch
 
     def _advance(
         self, seconds: float, decodes: bool, prefill_seqs: int = 0, prefill_tokens: int = 0
     ) -> None:
-        self.t += seconds
+        self.now += seconds
         stats = self.stats
         stats["steps"] += 1
         decoding = len(self.decoding)
@@ -234,18 +248,20 @@ class Simulation:
         stats["max_running"] = max(stats["max_running"], len(self.decoding) + len(self.prefilling))
         if self.trace is not None:
             kind = "prefill" if prefill_seqs else "decode"
-            self.trace.append((kind, prefill_seqs, prefill_tokens, decoding, len(self.waiting)))
+            self.trace.append(
+                TraceStep(kind, prefill_seqs, prefill_tokens, decoding, len(self.waiting))
+            )
         if decodes and self.decoding:
-            self.G += 1
-            self.ctx_sum += len(self.decoding)
+            self.decode_steps += 1
+            self.decoding_context += len(self.decoding)
             self._retire_decoders()
 
     def _decode_step(self) -> None:
         self._grow_blocks()
         if not self.decoding:
             return
-        dt = self.cost.step_seconds(0, 0, 0, 0, len(self.decoding), self.ctx_sum)
-        self._advance(dt, True)
+        seconds = self.cost.step_seconds(0, 0, 0, 0, len(self.decoding), self.decoding_context)
+        self._advance(seconds, True)
 
     def _prefill_step(self, batch: list[int]) -> None:
         tokens = sum(self.prompt[i] for i in batch)
@@ -257,30 +273,32 @@ class Simulation:
             self._first_token(i)
 
     def _chunked_step(self) -> None:
-        s = self.sched
+        scheduler = self.scheduler
         self._grow_blocks()
-        budget = s.max_prefill_tokens - len(self.decoding)
-        seats = s.max_batch - len(self.decoding) - len(self.prefilling)
+        budget = scheduler.max_prefill_tokens - len(self.decoding)
+        seats = scheduler.max_batch - len(self.decoding) - len(self.prefilling)
         for i in self._pick_prefills(math.inf, seats, seats):
             self.prefilling[i] = 0
-        chunks: list[tuple[int, int]] = []
+        chunks: list[tuple[int, int]] = []  # (request, its prompt tokens this step)
         tokens = pairs = prefix = 0
-        for i, done in self.prefilling.items():
+        for i, prefilled in self.prefilling.items():
             if budget <= 0:
                 break
-            c = min(self.prompt[i] - done, budget)
-            chunks.append((i, c))
-            budget -= c
-            tokens += c
-            prefix += done
-            pairs += c * done + c * (c + 1) / 2
+            chunk = min(self.prompt[i] - prefilled, budget)
+            chunks.append((i, chunk))
+            budget -= chunk
+            tokens += chunk
+            prefix += prefilled
+            pairs += chunk * prefilled + chunk * (chunk + 1) / 2
         if not chunks and not self.decoding:
             return
-        seqs = sum(1 for i, c in chunks if self.prefilling[i] + c == self.prompt[i])
-        dt = self.cost.step_seconds(tokens, pairs, prefix, seqs, len(self.decoding), self.ctx_sum)
-        self._advance(dt, True, len(chunks), tokens)
-        for i, c in chunks:
-            self.prefilling[i] += c
+        seqs = sum(1 for i, chunk in chunks if self.prefilling[i] + chunk == self.prompt[i])
+        seconds = self.cost.step_seconds(
+            tokens, pairs, prefix, seqs, len(self.decoding), self.decoding_context
+        )
+        self._advance(seconds, True, len(chunks), tokens)
+        for i, chunk in chunks:
+            self.prefilling[i] += chunk
             if self.prefilling[i] == self.prompt[i]:
                 del self.prefilling[i]
                 self._first_token(i)
@@ -288,39 +306,46 @@ class Simulation:
     def _whole_prefill_step(self) -> None:
         """vLLM V1 without chunked prefill: every running request decodes, and waiting prompts
         join the same step only whole, within what is left of the token budget."""
-        s = self.sched
+        scheduler = self.scheduler
         self._grow_blocks()
-        seats = s.max_batch - len(self.decoding)
+        seats = scheduler.max_batch - len(self.decoding)
         batch = self._pick_prefills(
-            s.max_prefill_tokens - len(self.decoding), seats, seats, alone_ok=not self.decoding
+            scheduler.max_prefill_tokens - len(self.decoding),
+            seats,
+            seats,
+            alone_ok=not self.decoding,
         )
         if not batch and not self.decoding:
             return
         tokens = sum(self.prompt[i] for i in batch)
         pairs = sum(self.prompt[i] * (self.prompt[i] + 1) / 2 for i in batch)
-        dt = self.cost.step_seconds(tokens, pairs, 0, len(batch), len(self.decoding), self.ctx_sum)
-        self._advance(dt, True, len(batch), tokens)
+        seconds = self.cost.step_seconds(
+            tokens, pairs, 0, len(batch), len(self.decoding), self.decoding_context
+        )
+        self._advance(seconds, True, len(batch), tokens)
         for i in batch:
             self._first_token(i)
 
     def _step(self) -> None:
-        s = self.sched
-        if s.policy == "chunked":
+        scheduler = self.scheduler
+        if scheduler.policy == "chunked":
             self._chunked_step()
             return
-        if s.policy == "whole-prefill":
+        if scheduler.policy == "whole-prefill":
             self._whole_prefill_step()
             return
-        if self.waiting and s.policy == "select-batch":
+        if self.waiting and scheduler.policy == "select-batch":
             running = len(self.decoding)
-            prefill_cost = s.prefill_ms_per_req * running
-            self.decode_waste += s.decode_ms_per_req * (s.max_batch - running)
+            prefill_cost = scheduler.prefill_ms_per_req * running
+            self.decode_waste += scheduler.decode_ms_per_req * (scheduler.max_batch - running)
             if prefill_cost > self.decode_waste:
                 self._decode_step()
                 return
         if self.waiting:
-            seats = s.max_batch - len(self.decoding)
-            batch = self._pick_prefills(s.max_prefill_tokens, seats, s.max_prefill_batch)
+            seats = scheduler.max_batch - len(self.decoding)
+            batch = self._pick_prefills(
+                scheduler.max_prefill_tokens, seats, scheduler.max_prefill_batch
+            )
             if batch:
                 self.decode_waste = 0.0
                 self._prefill_step(batch)
@@ -328,13 +353,19 @@ class Simulation:
         self._decode_step()
 
     def run(self) -> Measurement:
-        n = len(self.prompt)
-        while self.done < n:
-            if self.late >= self.breaking:
-                return self._measurement(early_rejected=True)
+        planned = len(self.prompt)
+        ttft_bound_s = self.ttft_bound_s
+        while self.finished_count < planned:
+            # Only with a bound are first tokens counted late.
+            if ttft_bound_s is not None and self.late_first_tokens >= self.breaking_count:
+                return self._rejected(ttft_bound_s)
             self._admit_arrivals()
             if not (self.waiting or self.decoding or self.prefilling):
-                self.t = max(self.t, float(self.arrivals[self.next_arrival]))
+                # Idle until the next arrival (a closed loop is never idle before its end: each
+                # finished request sends the next).
+                if self.arrivals is None:
+                    raise RuntimeError("simulation stalled: a closed loop with nothing in flight")
+                self.now = max(self.now, float(self.arrivals[self.next_arrival]))
                 continue
             steps = self.stats["steps"]
             self._step()
@@ -342,24 +373,29 @@ class Simulation:
                 raise RuntimeError("simulation stalled: waiting requests fit nowhere")
         return self._measurement()
 
-    def _measurement(self, early_rejected: bool = False) -> Measurement:
+    def _measurement(self) -> Measurement:
         """The requests sent so far; stopped early, the unfinished ones count as not successful."""
         sent = self.next_arrival
         finish = np.array(self.finish[:sent]) + self.latency_s
-        m = Measurement(
+        return Measurement(
             send_s=np.array(self.send[:sent]),
             first_token_s=np.array(self.first[:sent]) + self.latency_s,
             finish_s=finish,
-            input_tokens=self.input[:sent],
-            output_tokens=np.array(self.output[:sent]),
+            input_tokens=self.input_tokens[:sent],
+            output_tokens=np.array(self.output_tokens[:sent]),
             ok=~np.isnan(finish),
             peak_kv_usage=self.peak_used / self.total_blocks,
             extra=dict(self.stats),
+            warmup=min(self.warmup, sent),
         )
-        if early_rejected:
-            m.fault = Fault(
-                "sla-violated",
-                f"TTFT p99 bound {self.ttft_bound_s * 1000:g} ms certainly broken: "
-                f"{self.late} of {len(self.prompt)} planned requests already exceeded it",
-            )
-        return m
+
+    def _rejected(self, ttft_bound_s: float) -> Measurement:
+        """Stopped early: the TTFT p99 bound is certainly broken."""
+        measurement = self._measurement()
+        measurement.fault = Fault(
+            "sla-violated",
+            f"TTFT p99 bound {ttft_bound_s * 1000:g} ms certainly broken: "
+            f"{self.late_first_tokens} of the {len(self.prompt) - self.warmup} planned requests "
+            f"after the warm-up already exceeded it",
+        )
+        return measurement

@@ -95,13 +95,15 @@ def load_model(name_or_dir: str) -> ModelProfile:
     )
 
 
+# calibrated: fitted to real trials (`autotune calibrate`)
+Source = Literal["measured", "assumed", "calibrated"]
+
+
 class Figure(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     value: PositiveFloat
-    source: Literal[
-        "measured", "assumed", "calibrated"
-    ]  # calibrated: fitted to real trials (`autotune calibrate`)
+    source: Source
     note: str = ""
 
 

@@ -5,14 +5,15 @@ through torch_npu). What each figure of the profile becomes:
 
 - bf16_tflops, gemm_half_tokens: one layer's four matmuls (qkv, o, gate_up, down) at a ladder
   of token counts, less their launch cost; peak and half-saturation point are fitted to the
-  cost model's own roofline, max(flops / (peak * n / (n + half)), bytes / bandwidth); mfu is then 1.0, since
-  the peak is already the achieved one;
+  cost model's own roofline, max(flops / (peak * n / (n + half)), bytes / bandwidth); mfu is
+  then 1.0, since the peak is already the achieved one;
 - int8_tops: the same matmuls in int8 (torch._int_mm), where the device has such a kernel,
   fitted the same way (launches off, bf16's half-saturation point: the cost model applies one
   efficiency curve to both precisions);
 - bandwidth_tbs: a large device-to-device copy; mbu: the share of it a one-token matmul over
-  a large weight (decode re-reading the weights) reaches; the share decode attention reaches over KV caches
-  of a few lengths is stated beside it (the cost model streams weights and KV at one rate);
+  a large weight (decode re-reading the weights) reaches; the share decode attention reaches
+  over KV caches of a few lengths is stated beside it (the cost model streams weights and KV
+  at one rate);
 - dequant_overhead: a weight-only int8 matmul (dequantize, then matmul) against bf16;
 - decode_step_overhead_ms: one small kernel's launch times the kernels of a decode step;
 - per_sequence_overhead_ms: sampling one sequence (softmax and argmax over the vocabulary);
@@ -25,6 +26,7 @@ properties of the device: they keep the base profile's values, marked assumed, a
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import time
@@ -61,9 +63,12 @@ def import_torch(device: str):
                 "--device npu needs torch_npu and Ascend's CANN toolkit: pip install torch-npu "
                 "(the version matching your torch and CANN), then source CANN's set_env.sh"
             ) from None
-        if not torch.npu.is_available():
+        # torch's own types have no `npu`: torch_npu adds it when imported (unused-ignore: where
+        # torch, an optional extra, is not installed, mypy sees no torch types at all).
+        if not torch.npu.is_available():  # type: ignore[attr-defined,unused-ignore]
             raise InputError(
-                "--device npu: torch_npu sees no NPU (is the CANN driver installed and the device visible?)"
+                "--device npu: torch_npu sees no NPU "
+                "(is the CANN driver installed and the device visible?)"
             )
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError(
@@ -111,6 +116,13 @@ def _layer_shapes(model: ModelProfile) -> list[tuple[int, int]]:
     ]
 
 
+def _each_matmul(
+    matmul: Callable[[Any, Any], Any], inputs: list[Any], weights: list[Any]
+) -> Callable[[], list[Any]]:
+    """One call that multiplies every input by its weight (a layer's matmuls)."""
+    return lambda: [matmul(x, w) for x, w in zip(inputs, weights, strict=True)]
+
+
 def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int, float]]:
     """(rows, seconds of one layer's matmuls) up the token ladder, within the time budget: rows
     are the tokens multiplied (int8's short inputs are padded, and counted as what ran)."""
@@ -121,11 +133,11 @@ def _matmul_ladder(bench: _Bench, model: ModelProfile, dtype) -> list[tuple[int,
     matmul, min_rows = (torch._int_mm, 32) if dtype == torch.int8 else (torch.matmul, 1)
     for tokens in TOKEN_LADDER:
         inputs = [bench.tensor((max(tokens, min_rows), k), dtype) for k, _ in _layer_shapes(model)]
-        run = lambda: [matmul(x, w) for x, w in zip(inputs, weights)]  # noqa: E731
-        seconds = bench.seconds(run)
+        seconds = bench.seconds(_each_matmul(matmul, inputs, weights))
         rows.append((max(tokens, min_rows), seconds))
         bench.progress(
-            f"  {str(dtype).removeprefix('torch.')} matmuls, {tokens} tokens: {seconds * 1e3:.2f} ms"
+            f"  {str(dtype).removeprefix('torch.')} matmuls, {tokens} tokens: "
+            f"{seconds * 1e3:.2f} ms"
         )
         if seconds > STEP_BUDGET_S / 4:
             break
@@ -192,15 +204,18 @@ def _bandwidth(bench: _Bench) -> float:
 def _attention_bytes_per_s(
     bench: _Bench, model: ModelProfile, batch: int = 8
 ) -> list[tuple[int, float]]:
-    """(KV tokens, bytes/s) of one layer's decode attention: one query per sequence over its cache."""
+    """(KV tokens, bytes/s) of one layer's decode attention: one query per sequence over its
+    cache."""
     torch = bench.torch
     attend = torch.nn.functional.scaled_dot_product_attention
     rows = []
     for length in KV_LENGTHS:
-        q = bench.tensor((batch, model.heads, 1, model.head_dim), torch.bfloat16)
-        kv = bench.tensor((batch, model.kv_heads, length, model.head_dim), torch.bfloat16)
-        seconds = bench.seconds(lambda: attend(q, kv, kv, enable_gqa=model.heads != model.kv_heads))
-        rows.append((length, 2 * kv.numel() * 2 / seconds))
+        query = bench.tensor((batch, model.heads, 1, model.head_dim), torch.bfloat16)
+        cache = bench.tensor((batch, model.kv_heads, length, model.head_dim), torch.bfloat16)
+        seconds = bench.seconds(
+            functools.partial(attend, query, cache, cache, enable_gqa=model.heads != model.kv_heads)
+        )
+        rows.append((length, 2 * cache.numel() * 2 / seconds))
         bench.progress(f"  decode attention, {batch} x {length} KV tokens: {seconds * 1e3:.2f} ms")
         if seconds > STEP_BUDGET_S / 4:
             break

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -11,14 +11,16 @@ from objectives.userfile import InputError
 from runners.base import FailedSession, Session, run_once
 from runners.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
-from runners.sim.engine import Scheduler, Simulation
+from runners.sim.engine import Simulation
 from runners.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
+from runners.sim.scheduler import Policy, Scheduler
 from runners.workload import make_requests
 from search_spaces.engines import llamacpp_args, violations, vllm_args
-from search_spaces.space import SearchSpace
+from search_spaces.knobs import KNOBS
+from search_spaces.space import KnobRange, SearchSpace
 
 SIM_ENGINES = ("mindie", "vllm", "llamacpp")  # the schedulers the simulator reproduces
-DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
+DEFAULTS: dict[str, Any] = {  # MindIE's defaults for knobs a search space leaves out
     "batch_size": 200,
     "select_batch": "prefill-first",
     "max_prefill_tokens": 8192,
@@ -28,6 +30,18 @@ DEFAULTS = {  # MindIE's defaults for knobs a search space leaves out
     "prefill_time_ms_per_req": 150,
     "decode_time_ms_per_req": 50,
 }
+
+
+BATCH_LIMIT = int((KNOBS["batch_size"].limits or (1, 5000))[1])
+
+
+def _values(spec: KnobRange | None, default: Any) -> list[Any]:
+    """A categorical (or fixed) knob's values in the space; the default when it is left out."""
+    if spec is None:
+        return [default]
+    if spec.value is not None:
+        return [spec.value]
+    return list(spec.choices or [spec.low, spec.high])
 
 
 class SimRunner:
@@ -41,7 +55,8 @@ class SimRunner:
     ):
         if engine not in SIM_ENGINES:
             raise InputError(
-                f"--engine: unknown engine {engine!r}; the simulator knows: {', '.join(SIM_ENGINES)}"
+                f"--engine: unknown engine {engine!r}; "
+                f"the simulator knows: {', '.join(SIM_ENGINES)}"
             )
         self.engine = engine
         self.model = model if isinstance(model, ModelProfile) else load_model(model)
@@ -66,6 +81,31 @@ class SimRunner:
     def adapt(self, space: SearchSpace) -> SearchSpace:
         return space  # the simulator runs every knob value
 
+    def batch_ceiling(self, space: SearchSpace, workload: Workload) -> tuple[int, str] | None:
+        """Beyond the sequences the KV cache holds, batch slots stay empty: the ceiling is what
+        the frugalest config in the space holds of the typical request (within the knob's
+        limit)."""
+        ranges = space.ranges
+        configs = [
+            DEFAULTS | space.fixed() | {"quantization": q, "kv_compression": kv}
+            for q in _values(ranges.get("quantization"), DEFAULTS["quantization"])
+            for kv in _values(ranges.get("kv_compression"), DEFAULTS["kv_compression"])
+        ]
+        # The smallest prefill budget searched leaves the most memory to the KV cache.
+        step_tokens = int(
+            min(_values(ranges.get("max_prefill_tokens"), DEFAULTS["max_prefill_tokens"]))
+        )
+        frugal = max(configs, key=lambda c: self._cost(c).kv_capacity_tokens(step_tokens))
+        kv_tokens = self._cost(frugal).kv_capacity_tokens(step_tokens)
+        sequences = int(kv_tokens // workload.typical_request)
+        if sequences < 1:  # no config fits a typical request: violations() says so per trial
+            return None
+        return min(sequences, BATCH_LIMIT), (
+            f"at its frugalest setting searched ({frugal['quantization']}, kv_compression "
+            f"{frugal['kv_compression']:g}) the KV cache on {self.hardware.name} holds "
+            f"{sequences} requests of {workload.typical_request:.0f} tokens"
+        )
+
     def _cost(self, config: dict[str, Any]) -> CostModel:
         return CostModel(
             self.model, self.hardware, config["quantization"], float(config["kv_compression"])
@@ -73,10 +113,10 @@ class SimRunner:
 
     def _scheduler(self, config: dict[str, Any]) -> Scheduler:
         decode_first = config["select_batch"] == "decode-first"
+        policy: Policy
         if self.engine == "vllm":
-            policy = (
-                "chunked" if decode_first else "whole-prefill"
-            )  # vLLM V1: running requests first
+            # vLLM V1: running requests first
+            policy = "chunked" if decode_first else "whole-prefill"
             prefill_batch = config["batch_size"]
         elif self.engine == "llamacpp":
             # llama-server's slots: every generating slot's next token first, then prompt tokens of
@@ -96,29 +136,34 @@ class SimRunner:
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         config = DEFAULTS | config
-        refused = violations(
-            self.engine, config, workload
-        )  # what the real engine refuses, the simulator too
+        # What the real engine refuses, the simulator too.
+        refused = violations(self.engine, config, workload)
         if refused:
             return refused
         cost = self._cost(config)
         capacity = cost.kv_capacity_tokens(config["max_prefill_tokens"])
         if capacity <= 0:
             return [
-                f"{config['quantization']} weights ({cost.weight_bytes / 1e9:.1f} GB) and activations for "
-                f"{config['max_prefill_tokens']} tokens leave no memory for a KV cache on {self.hardware.name}"
+                f"{config['quantization']} weights ({cost.weight_bytes / 1e9:.1f} GB) "
+                f"and activations for {config['max_prefill_tokens']} tokens "
+                f"leave no memory for a KV cache on {self.hardware.name}"
             ]
         block = self.hardware.kv_block_tokens
         blocks = capacity // block
         if blocks * block < workload.longest_request:
             return [
-                f"KV cache holds {blocks * block} tokens; the longest request needs {workload.longest_request}"
+                f"KV cache holds {blocks * block} tokens; "
+                f"the longest request needs {workload.longest_request}"
             ]
         return []
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
         """What the simulated engine would be started with, at its default settings."""
-        render = {"vllm": vllm_args, "llamacpp": llamacpp_args}.get(self.engine)
+        renderers: dict[str, Callable[[dict[str, Any], Workload], list[str]]] = {
+            "vllm": vllm_args,
+            "llamacpp": llamacpp_args,
+        }
+        render = renderers.get(self.engine)
         return None if render is None else render(config, workload)
 
     @contextmanager

@@ -1,0 +1,156 @@
+"""The options the commands share: the tuning options (`autotune`, `worker`, `nightly`) and
+--storage (the commands that read a study)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from runners.registry import RUNNERS
+from tuner import flags
+from tuner.samplers import SAMPLERS
+from tuner.screen import SCREENS
+from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S
+
+F = TypeVar("F", bound=Callable[..., Any])  # a command's function, as click's decorators take it
+
+TUNE_OPTIONS = {
+    "scenario": click.option(
+        "--scenario", help="preset name (see `autotune scenarios`) or path of a scenario YAML"
+    ),
+    "runner": click.option(
+        "--runner",
+        "runner_name",
+        default="sim",
+        show_default=True,
+        help=f"one of: {', '.join(RUNNERS)}",
+    ),
+    "engine": click.option(
+        "--engine",
+        default="mindie",
+        show_default=True,
+        help="sim only: whose scheduler and knobs to simulate: mindie, vllm or llamacpp",
+    ),
+    "model": click.option(
+        "--model", help="sim: built-in model (default qwen2-7b); engines: a HF model directory"
+    ),
+    "hardware": click.option(
+        "--hardware",
+        help="sim: hardware profile or YAML (default ascend-910b2); "
+        "engines: a label (default: host name)",
+    ),
+    "engine_cmd": click.option(
+        "--engine-cmd",
+        help="the engine's executable (vllm, llama-server, ...) or the Python of vLLM's venv",
+    ),
+    "runner_config": click.option(
+        "--runner-config",
+        type=click.Path(path_type=Path),
+        help="YAML of runner settings (engine command, weights, env, ports, timeouts)",
+    ),
+    "space": click.option(
+        "--space",
+        "space_path",
+        type=click.Path(path_type=Path),
+        help="YAML narrowing the knob ranges",
+    ),
+    "trials": click.option("--trials", type=flags.COUNT, default=50, show_default=True),
+    "timeout": click.option(
+        "--timeout", "timeout_s", type=flags.SECONDS, help="stop starting trials after S seconds"
+    ),
+    "seed": click.option("--seed", type=flags.SEED, default=0, show_default=True),
+    "sampler": click.option(
+        "--sampler",
+        default="auto",
+        show_default=True,
+        help=f"one of: {', '.join(SAMPLERS)} (auto: gp for real engines where PyTorch and "
+        "SciPy are installed, tpe otherwise and on the simulator)",
+    ),
+    "storage": click.option(
+        "--storage",
+        default=DEFAULT_STORAGE,
+        show_default=True,
+        help="SQLAlchemy URL of the study storage",
+    ),
+    "study": click.option(
+        "--study", "study_name", help="study name (default: scenario.runner.engine.model.hardware)"
+    ),
+    "export": click.option(
+        "--export",
+        "export_path",
+        type=click.Path(path_type=Path),
+        default=Path("best-config.yaml"),
+        show_default=True,
+    ),
+    "baseline": click.option(
+        "--baseline",
+        "baseline_path",
+        type=click.Path(path_type=Path),
+        help="an exported YAML to re-run as the first trial",
+    ),
+    "html": click.option(
+        "--html",
+        "html_path",
+        type=click.Path(path_type=Path),
+        help="HTML report and its Pareto PNG (default: beside --export, NAME.report.html)",
+    ),
+    "no_html": click.option("--no-html", is_flag=True, help="write no HTML report"),
+    "screen": click.option(
+        "--screen",
+        type=click.Choice(SCREENS),
+        help="real runners: let the simulator screen candidates; "
+        "only the most promising run for real",
+    ),
+    "screen_hardware": click.option(
+        "--screen-hardware",
+        help="with --screen: the hardware profile to simulate with "
+        "(recalibrated as real trials arrive)",
+    ),
+    "screen_trials": click.option(
+        "--screen-trials",
+        type=flags.COUNT,
+        default=40,
+        show_default=True,
+        help="with --screen: simulated candidates per real trial",
+    ),
+    "quality": click.option(
+        "--quality",
+        "quality_path",
+        type=click.Path(path_type=Path),
+        help="YAML quality table: accuracy drop (and KL, top-1) per precision and KV setting, "
+        "each with its source (default: the shipped table of the model, if any)",
+    ),
+    "quality_prompts": click.option(
+        "--quality-prompts",
+        "quality_prompts_path",
+        type=click.Path(path_type=Path),
+        help="real runners: the text the quality measurement feeds (default: the shipped set)",
+    ),
+    "heartbeat": click.option(
+        "--heartbeat",
+        "heartbeat_s",
+        type=flags.HEARTBEAT_SECONDS,
+        default=HEARTBEAT_S,
+        show_default=True,
+        help="seconds between a running trial's heartbeats; 3 missed ones fail it as stale",
+    ),
+}
+
+
+def tune_options(f: F, leave_out: tuple[str, ...] = ()) -> F:
+    for name, option in reversed(TUNE_OPTIONS.items()):
+        if name not in leave_out:
+            f = option(f)
+    return f
+
+
+def nightly_options(f: F) -> F:
+    """The tuning options less --trials and --baseline: a night has a --budget and an incumbent."""
+    return tune_options(f, leave_out=("trials", "baseline"))
+
+
+def storage_option(f: F) -> F:
+    return click.option("--storage", default=DEFAULT_STORAGE, show_default=True)(f)

@@ -1,0 +1,151 @@
+"""A tuning run on the command line (`autotune`, `autotune worker`, each night of `autotune
+nightly`): the trials under a progress bar, then the front printed, the HTML report written and
+the best config exported."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import optuna
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from objectives.scenario import Scenario
+from search_spaces.edges import range_edges
+from tuner.console import err, out
+from tuner.export import build_export, write_export
+from tuner.front_table import front_table, snapshot_rows
+from tuner.ladder import print_quality
+from tuner.misses import closest_miss
+from tuner.prepare import Prepared
+from tuner.report import write_report
+from tuner.storage import latest_snapshot
+from tuner.study import (
+    RANGE_EDGES,
+    StudyRun,
+    TrialReport,
+    best_trial,
+    optimize,
+    snapshot,
+    trial_knobs,
+)
+
+EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was exported
+
+
+def export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, path: Path) -> None:
+    """Write a trial's config as the YAML to deploy (`--export`)."""
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    exported = build_export(
+        study.study_name,
+        trial.number,
+        scenario.name,
+        scenario.sla.model_dump(),
+        study.user_attrs["identity"],
+        trial_knobs(study, trial),
+        dict(trial.user_attrs),
+        scenario.load.peak_rate,
+        workload=scenario.workload,
+    )
+    write_export(path, exported)
+
+
+def _progress_text(reports: list[TrialReport]) -> str:
+    # A feasible trial was measured: its report has values (TTFT p99, throughput).
+    feasible = [
+        (r.number, r.values) for r in reports if r.status == "feasible" and r.values is not None
+    ]
+    if not feasible:
+        return "best feasible: none yet"
+    # A live hint, not the pick rule.
+    number, (ttft, throughput) = max(feasible, key=lambda f: (f[1][1], -f[1][0]))
+    return f"best feasible: #{number} {throughput:.0f} tok/s, TTFT p99 {ttft:.0f} ms"
+
+
+def tune(
+    p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None
+) -> list[TrialReport]:
+    for note in p.space.notes:
+        err.print(f"[dim]note: {escape(note)}[/dim]")
+    if all(dist.single() for dist in p.space.distributions().values()) and trials > 1:
+        err.print("[dim]note: every knob is fixed: one trial measures the config[/dim]")
+        trials = 1
+    run = StudyRun(
+        p.study, p.scenario, p.space, p.runner, p.storage, screen=p.screen, quality=p.quality
+    )
+    err.print(
+        f"study [bold]{escape(p.study.study_name)}[/bold]: {len(p.study.trials)} earlier trials; "
+        f"sampler {escape(p.sampler)}"
+    )  # the sampler's hint names pip's extra: '.[gp]' is no markup
+    columns = (
+        TextColumn("trial"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("best feasible: none yet", total=trials)
+
+        def on_trial(report: TrialReport) -> None:
+            progress.update(task, advance=1, description=_progress_text(run.reports))
+
+        optimize(run, trials, timeout_s, on_trial, study_total)
+    return run.reports
+
+
+def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
+    """The report of a run or a night; none while the study has no measured trial to show."""
+    if "--html" in outputs and p.study.get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)
+    ):
+        write_report(p.study, p.storage.engine, outputs["--html"])
+        out.print(f"report: {outputs['--html']}", markup=False)
+
+
+def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) -> None:
+    """Snapshot the front, print it, write the report, export the best config (exit 3 when
+    none is feasible)."""
+    export_path = outputs["--export"]
+    study, scenario = p.study, p.scenario
+    snapshot(study, scenario, p.storage)
+    snap = latest_snapshot(p.storage, study.study_name)
+    assert snap is not None, "snapshot() has just saved one"
+    counts = {
+        status: sum(1 for r in reports if r.status == status)
+        for status in ("feasible", "violates-sla", "infeasible", "fail")
+    }
+    out.print(
+        front_table(
+            f"SLA-feasible Pareto front of {study.study_name} "
+            f"(TTFT p99 <= {scenario.sla.ttft_p99_ms:g} ms)",
+            snapshot_rows(snap),
+            snap.best_trial,
+            scenario,
+        )
+    )
+    slo = " and the quality SLO" if scenario.quality else ""
+    out.print(
+        f"{len(reports)} trials this run: {counts['feasible']} met the SLA{slo}, "
+        f"{counts['violates-sla']} missed it, {counts['infeasible']} could not run, "
+        f"{counts['fail']} failed; {len(study.trials)} in the study"
+    )
+    print_quality(study, p.quality)
+    best = best_trial(study, scenario)
+    edges = [] if best is None else range_edges(p.space, trial_knobs(study, best))
+    if best is not None:  # the report shows them beside this trial only
+        study.set_user_attr(
+            RANGE_EDGES, {"trial": best.number, "messages": [e.message() for e in edges]}
+        )
+    write_html(p, outputs)
+    if best is None:
+        closest = closest_miss(study, [r.number for r in reports])
+        if closest is not None:
+            out.print(closest, markup=False, soft_wrap=True)
+        err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
+        sys.exit(EXIT_NO_FEASIBLE)
+    export_trial(study, best, export_path)
+    out.print(f"best: trial {best.number} ({scenario.pick}) -> {export_path}", markup=False)
+    for edge in edges:
+        out.print(f"note: the best {edge.message()}", markup=False, soft_wrap=True)

@@ -1,0 +1,148 @@
+"""`autotune nightly`: re-tune a study and promote a new config only when it is truly better
+(the decision and the lock: tuner.nightly)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from tuner import flags
+from tuner import nightly as night
+from tuner.cli_options import nightly_options
+from tuner.cli_run import export_trial, tune, write_html
+from tuner.console import err, out
+from tuner.export import load_export
+from tuner.outputs import write_atomic
+from tuner.prepare import prepare, report_outputs
+from tuner.storage import latest_snapshot
+from tuner.study import best_trial, snapshot, trial_knobs
+
+
+@click.command("nightly")
+@nightly_options
+@click.option(
+    "--budget", type=flags.COUNT, default=20, show_default=True, help="new trials tonight"
+)
+@click.option(
+    "--repeats",
+    type=flags.COUNT,
+    default=3,
+    show_default=True,
+    help="measurements of incumbent and candidate",
+)
+@click.option(
+    "--min-gain",
+    type=flags.FiniteRange(min=0),
+    help="smallest relative gain that promotes (default: the scenario's load.precision in "
+    f"capacity mode, at least {night.MIN_GAIN:.0%}: the capacity search cannot tell apart configs "
+    "closer than its precision, so a smaller gain would promote noise)",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path),
+    help="markdown report (default: beside --export)",
+)
+@click.option(
+    "--promoted-exit",
+    type=click.IntRange(0, 255),
+    default=night.EXIT_PROMOTED,
+    show_default=True,
+    help="exit status of a promotion (0 for a Kubernetes Job, which fails on any other)",
+)
+def nightly_cmd(
+    budget,
+    repeats,
+    min_gain,
+    report_path,
+    promoted_exit,
+    timeout_s,
+    export_path,
+    html_path,
+    no_html,
+    **options,
+):
+    """Re-tune a study and promote a new config only when it is truly better (for cron).
+
+    Exit status: 0 unchanged, 10 promoted, 20 failed (nothing meets the SLA), 2 bad input or
+    another nightly run holds the lock.
+    """
+    incumbent = load_export(export_path) if os.path.lexists(export_path) else None
+    report_path = report_path or export_path.with_name(export_path.stem + ".nightly.md")
+    outputs = report_outputs(export_path, html_path, no_html) | {
+        "--report": report_path,
+        "--export's .prev": export_path.with_name(export_path.name + ".prev"),
+    }
+    lock = night.StudyLock()
+    try:  # the lock is taken once the storage is open, before the night writes to the study
+        p = prepare(
+            trials=budget,
+            baseline_path=None,
+            must_exist=True,
+            outputs=outputs,
+            before_writes=lock.take,
+            **options,
+        )
+        if lock.note:
+            err.print(f"note: {lock.note}", markup=False)
+        engine, name = p.storage.engine, p.study.study_name
+        min_gain = night.default_min_gain(p.scenario) if min_gain is None else min_gain
+        with night.lock_kept(engine, name):
+            started = datetime.now(timezone.utc)
+            inc = (
+                night.measure(p.runner, p.scenario, incumbent.knobs, repeats) if incumbent else None
+            )
+            # Warm start: tonight re-measures last night's front first, then tries `budget` new
+            # configs.
+            last = latest_snapshot(p.storage, name)
+            dists = p.space.distributions()
+            warm = (
+                [{k: v for k, v in m.params.items() if k in dists} for m in last.members]
+                if last
+                else []
+            )
+            for params in warm:
+                p.study.enqueue_trial(params, user_attrs={"warm_start": True})
+            reports = tune(p, budget + len(warm), timeout_s)
+            snapshot(p.study, p.scenario, p.storage)
+            best = best_trial(p.study, p.scenario)
+            cand = (
+                night.measure(p.runner, p.scenario, trial_knobs(p.study, best), repeats)
+                if best
+                else None
+            )
+            decision = night.decide(p.scenario, inc, cand, min_gain)
+            # The night is on record before the deployed file changes, and only while its lock
+            # holds.
+            night.beat_lock(engine, name)
+            night.record_night(engine, name, started, decision, inc, cand)
+            if decision.outcome == "promoted":
+                assert best is not None, "only a measured candidate is promoted"
+                if export_path.exists():
+                    write_atomic(
+                        export_path.with_name(export_path.name + ".prev"), export_path.read_text()
+                    )
+                export_trial(p.study, best, export_path)
+            write_atomic(
+                report_path,
+                night.report(name, started, decision, inc, cand, best.number if best else None),
+            )
+            write_html(p, outputs)
+    finally:
+        lock.release()
+    if decision.drift:
+        err.print("[bold red]DRIFT: the deployed config no longer meets the SLA[/bold red]")
+    out.print(
+        f"{decision.outcome}: {decision.reason} "
+        f"({len(reports)} trials tonight; report {report_path})",
+        markup=False,
+    )
+    sys.exit(
+        {"promoted": promoted_exit, "unchanged": night.EXIT_UNCHANGED}.get(
+            decision.outcome, night.EXIT_FAILED
+        )
+    )

@@ -1,0 +1,93 @@
+"""What makes a study's trials comparable: a run adds trials to a study only when they are
+measured as the study's own were (same scenario, runner, engine and model, same constraints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from objectives.scenario import Scenario
+from objectives.scoring import constraint_values, quality_constraint_values
+from objectives.userfile import InputError
+
+# What a trial's numbers depend on: a study keeps them, and refuses a scenario that changed them.
+SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance", "quality")
+# Of a study's identity: what its trials were measured with.
+MEASURED_BY = ("runner", "engine", "model")
+
+
+def check_comparable(
+    name: str, study: optuna.Study, scenario: Scenario, identity: dict[str, str]
+) -> None:
+    """Refuse (InputError) a run whose trials could not be compared with the study's own."""
+    _check_scenario(name, study, scenario)
+    _check_identity(name, study.user_attrs.get("identity"), identity)
+    _check_constraint_names(name, study, scenario)
+
+
+def _check_scenario(name: str, study: optuna.Study, scenario: Scenario) -> None:
+    recorded, current = _recorded_scenario(study), scenario.model_dump(mode="json")
+    changed = [
+        key
+        for key in SCENARIO_MEASURES
+        if recorded is not None and recorded.get(key) != current[key]
+    ]
+    if changed:
+        raise InputError(
+            f"--study {name}: its trials were measured under another scenario "
+            f"({', '.join(changed)} changed), so they cannot be compared; give a new --study name"
+        )
+
+
+def _check_identity(name: str, recorded: dict[str, str] | None, current: dict[str, str]) -> None:
+    """A study's trials are comparable only when measured by the same runner, engine and model
+    (simulated and real trials must never mix), and on the simulator the same hardware profile.
+    A real engine's hardware is a label, by default each host's name: workers on several hosts
+    of one kind share a study, so it is not compared."""
+    if recorded is None:  # a new study: nothing measured yet
+        return
+    keys = MEASURED_BY + (("hardware",) if current["runner"] == "sim" else ())
+    changed = [key for key in keys if recorded.get(key) != current.get(key)]
+    if changed:
+        was = ", ".join(f"{key} {recorded.get(key)}" for key in changed)
+        now = ", ".join(f"{key} {current.get(key)}" for key in changed)
+        raise InputError(
+            f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
+            "compared, so give a new --study name"
+        )
+
+
+def _recorded_scenario(study: optuna.Study) -> dict[str, Any] | None:
+    """The study's scenario with today's defaults filled in, so that a field added since it was
+    recorded (one the user never set) does not read as a change."""
+    recorded = study.user_attrs.get("scenario")
+    try:
+        return (
+            None if recorded is None else Scenario.model_validate(recorded).model_dump(mode="json")
+        )
+    except ValueError:
+        return recorded
+
+
+def constraint_names(scenario: Scenario) -> list[str]:
+    """The names of a trial's constraints under this scenario, in their stored order."""
+    measured = {"ttft_p99_ms": 0.0, "tpot_p99_ms": 0.0, "success_rate": 1.0}
+    return list(
+        constraint_values(measured, scenario.sla) | quality_constraint_values({}, scenario.quality)
+    )
+
+
+def _check_constraint_names(name: str, study: optuna.Study, scenario: Scenario) -> None:
+    """Samplers compare trials' constraint lists position by position: a study whose trials
+    carry other constraints (made by an older autotune) cannot take new ones."""
+    expected = constraint_names(scenario)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        named = trial.user_attrs.get("sla_constraints")
+        if named is not None and list(named) != expected:
+            raise InputError(
+                f"--study {name}: its trials carry the constraints {', '.join(named)}, not "
+                f"{', '.join(expected)} (made by an older autotune); give a new --study name"
+            )
+        return
