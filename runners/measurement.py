@@ -19,6 +19,11 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   the measured successful requests and their median TTFT (0 when the medians lie within 1% of
   each other); near 1 when the queue is still growing when the load ends (runners.capacity
   decides what that means for a verdict).
+- per chip: throughputs, goodput and the offered rate are divided by the chips that served
+  the requests (`Measurement.chips`: a co-located replica's measurement is one chip's; a
+  disaggregated deployment's is one decode instance's requests, on its share of the prefill
+  and decode chips: all of them over the decode instances), so deployments of
+  different sizes compare (DistServe's per-GPU goodput).
 Percentiles use numpy's linear interpolation over successful requests and always carry the
 number of samples they stand on; a p99 from fewer than 100 samples is flagged.
 """
@@ -104,6 +109,9 @@ class Measurement:
     itl_s: np.ndarray | None = None  # every inter-chunk gap of successful requests
     fault: Fault | None = None
     warmup: int = 0  # the first requests sent, left out of the percentiles (warmup_requests)
+    # The chips that served these requests (a share of a deployment's: a float): throughputs
+    # and rates are per chip.
+    chips: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -160,7 +168,7 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
     out_tokens = m.output_tokens[ok]
     finished = m.finish_s[ok]
     duration = float(finished.max() - m.send_s.min()) if finished.size else 0.0
-    per_s = (lambda x: float(x) / duration) if duration > 0 else (lambda x: 0.0)
+    per_s = (lambda x: float(x) / duration / m.chips) if duration > 0 else (lambda x: 0.0)
     send_span = float(m.send_s.max() - m.send_s.min()) if m.sent > 1 else 0.0
 
     meets = ttft_all[ok] * 1000 <= sla.ttft_p99_ms
@@ -178,7 +186,7 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
         "total_tokens_per_s": per_s(out_tokens.sum() + m.input_tokens[ok].sum()),
         "requests_per_s": per_s(ok.sum()),
         "goodput_rps": per_s(meets.sum()),
-        "offered_rps": float((m.sent - 1) / send_span) if send_span > 0 else None,
+        "offered_rps": float((m.sent - 1) / send_span / m.chips) if send_span > 0 else None,
         "peak_kv_usage": m.peak_kv_usage,
     }
     metrics |= _percentiles("ttft", ttft, (50, 90, 99))

@@ -8,6 +8,10 @@ from pathlib import Path
 from objectives.userfile import InputError
 from runners.base import Runner
 
+# The runners that take a chip budget (--chips) and search its deployments
+# (search_spaces.deployment): co-located replicas, or prefill and decode instances.
+CHIP_BUDGET_RUNNERS = ("sim", "vllm")
+
 
 def _make_sim(
     engine: str,
@@ -15,6 +19,7 @@ def _make_sim(
     hardware: str | None,
     engine_cmd: str | None,
     runner_config: Path | None,
+    chips: int = 1,
 ) -> Runner:
     from runners.sim.runner import SimRunner
 
@@ -24,19 +29,31 @@ def _make_sim(
                 f"{flag}: the sim runner starts no engine; "
                 "use --runner vllm, llamacpp, mindie or openai"
             )
-    return SimRunner(engine=engine, model=model or "qwen2-7b", hardware=hardware or "ascend-910b2")
+    return SimRunner(
+        engine=engine, model=model or "qwen2-7b", hardware=hardware or "ascend-910b2", chips=chips
+    )
 
 
-def _served(module: str, cls: str) -> Callable[..., Runner]:
+def _served(module: str, cls: str, deploys: bool = False) -> Callable[..., Runner]:
+    """`deploys`: the runner runs a deployment on a chip budget (--chips, prefill/decode
+    disaggregation included); the others measure one instance."""
+
     def make(
         engine: str,
         model: str | None,
         hardware: str | None,
         engine_cmd: str | None,
         runner_config: Path | None,
+        chips: int = 1,
     ) -> Runner:
         from importlib import import_module
 
+        if chips != 1 and not deploys:
+            raise InputError(
+                f"--chips: {chips}: a real-engine runner measures one instance (--chips 1); "
+                "deployments on a chip budget, disaggregated ones included, run on "
+                f"--runner {' or '.join(CHIP_BUDGET_RUNNERS)}"
+            )
         from runners.served import load_settings
 
         runner_cls = getattr(import_module(module), cls)
@@ -46,7 +63,9 @@ def _served(module: str, cls: str) -> Callable[..., Runner]:
             model=Path(model) if model else None,
             engine_cmd=[engine_cmd] if engine_cmd else None,
         )
-        runner: Runner = runner_cls(settings, hardware)
+        runner: Runner = (
+            runner_cls(settings, hardware, chips) if deploys else runner_cls(settings, hardware)
+        )
         return runner
 
     return make
@@ -54,7 +73,7 @@ def _served(module: str, cls: str) -> Callable[..., Runner]:
 
 RUNNERS: dict[str, Callable[..., Runner]] = {
     "sim": _make_sim,
-    "vllm": _served("runners.vllm", "VLLMRunner"),
+    "vllm": _served("runners.vllm", "VLLMRunner", deploys=True),
     "llamacpp": _served("runners.llamacpp", "LlamaCppRunner"),
     "mindie": _served("runners.mindie", "MindIERunner"),
     "openai": _served("runners.openai", "OpenAIRunner"),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
@@ -26,7 +26,8 @@ from runners.loadgen import RejectionRule, Target, drive
 from runners.measurement import Fault, Measurement
 from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
 from runners.prompts import PromptMaker, load_tokenizer
-from runners.workload import Requests, make_requests
+from runners.sim.router import replica_requests
+from runners.workload import Requests
 from search_spaces.knobs import QUANTIZATIONS, Quantization
 from search_spaces.space import SearchSpace
 
@@ -99,7 +100,7 @@ class ServedRunner:
     def __init__(self, settings: RunnerSettings, hardware: str | None = None):
         self.settings = settings
         self.hardware = settings.hardware or hardware or socket.gethostname()
-        self._prompts: dict[tuple[str, int], list[str]] = {}
+        self._prompts: dict[tuple[str, int, int], list[str]] = {}
         self._prompt_maker: PromptMaker | None = None
         self._warmup: list[str] = []
 
@@ -250,19 +251,29 @@ class ServedRunner:
         return Target(base_url, model, launch.extra_body, self.settings.request_timeout_s)
 
     def load_for(
-        self, workload: Workload, variant: int = 0
+        self, workload: Workload, variant: int = 0, replicas: int = 1
     ) -> tuple[Requests, list[str], list[str]]:
         """The workload's requests, their prompts and the warm-up prompts. Prompts depend on the
         request lengths and the variant, not the rate: each step of a search sends other text of
-        the same lengths, so no engine serves a step from its prefix cache."""
+        the same lengths, so no engine serves a step from its prefix cache. `replicas`: one
+        replica's share of that many (runners.sim.router.replica_requests)."""
         prompt_maker = self._loaded_prompt_maker()
-        requests = make_requests(workload)
-        key = (workload.model_dump_json(exclude={"arrival"}), variant)
+        requests = replica_requests(workload, replicas)
+        key = (workload.model_dump_json(exclude={"arrival"}), variant, replicas)
         if key not in self._prompts:
             self._prompts[key] = prompt_maker.make(
                 requests.input_tokens, workload.seed + 7919 * variant
             )
         return requests, self._prompts[key], self._warmup
+
+    def replicas_for(self, config: dict[str, Any]) -> int:
+        return 1  # how many co-located replicas (a chip budget's) the config's engine is one of
+
+    def new_trial_dir(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        trial_dir = self.settings.log_dir / f"{stamp}-{os.getpid()}-{next(_trial_seq)}-{self.name}"
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        return trial_dir
 
     @contextmanager
     def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
@@ -272,9 +283,8 @@ class ServedRunner:
             yield FailedSession(Fault("infeasible", "; ".join(reasons)))
             return
         port = choose_port(self.settings.port)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        trial_dir = self.settings.log_dir / f"{stamp}-{os.getpid()}-{next(_trial_seq)}-{self.name}"
-        trial_dir.mkdir(parents=True, exist_ok=True)
+        trial_dir = self.new_trial_dir()
+        replicas = self.replicas_for(config)
         extra: dict[str, Any] = {"engine_log": str(trial_dir / "engine.log"), "port": port}
         try:
             # May prepare weights (e.g. a GGUF).
@@ -283,7 +293,7 @@ class ServedRunner:
             yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
             return
         if launch.base_url is not None:
-            yield _EngineSession(self, launch, launch.base_url, None, trial_dir, extra)
+            yield EngineSession(self, launch, launch.base_url, None, trial_dir, extra, replicas)
             return
         engine = EngineProcess(
             launch.argv,
@@ -299,7 +309,8 @@ class ServedRunner:
             except EngineFailed as failure:
                 yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
                 return
-            yield _EngineSession(self, launch, f"http://127.0.0.1:{port}", engine, trial_dir, extra)
+            url = f"http://127.0.0.1:{port}"
+            yield EngineSession(self, launch, url, engine, trial_dir, extra, replicas)
             extra["stop_s"] = engine.stop()
 
     def run(
@@ -312,20 +323,31 @@ class ServedRunner:
         return run_once(self, config, workload, sla, stop_early)
 
 
-class _EngineSession:
-    """Loads against one started engine (or a server already running); each with fresh requests."""
+class Served(Protocol):
+    """What a session watches: one engine (EngineProcess), or a deployment's processes."""
+
+    def exited(self) -> int | None: ...
+    def crashed(self, what: str) -> EngineFailed: ...
+    def tail(self, lines: int = 30) -> str: ...
+
+
+class EngineSession:
+    """Loads against one started engine (or a server already running); each with fresh requests.
+    `replicas`: the engine is one of that many co-located replicas (each load is per chip)."""
 
     def __init__(
         self,
         runner: ServedRunner,
         launch: Launch,
         base_url: str,
-        engine: EngineProcess | None,
+        engine: Served | None,
         trial_dir: Path,
         extra: dict[str, Any],
+        replicas: int = 1,
     ):
         self.runner, self.launch, self.base_url, self.engine = runner, launch, base_url, engine
         self.trial_dir, self.extra = trial_dir, extra
+        self.replicas = replicas
         self.target: Target | None = None
         self.loads = 0
 
@@ -344,14 +366,11 @@ class _EngineSession:
             return False
         return True
 
-    def _failed(self, failure: EngineFailed) -> Measurement:
-        return Measurement.failed(Fault(failure.kind, failure.message, failure.log_tail))
-
     def measure(
         self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
     ) -> Measurement:
         rejection = RejectionRule.of(sla) if stop_early and sla is not None else None
-        requests, prompts, warmup = self.runner.load_for(workload, self.loads)
+        requests, prompts, warmup = self.runner.load_for(workload, self.loads, self.replicas)
         self.loads += 1
         engine = self.engine
         try:
@@ -370,7 +389,7 @@ class _EngineSession:
             if engine is not None and engine.exited() is not None:
                 raise engine.crashed("during the load")
         except EngineFailed as failure:
-            return self._failed(failure)
+            return Measurement.failed(Fault(failure.kind, failure.message, failure.log_tail))
         except httpx.HTTPError as error:  # a running server could not be asked for its model
             return Measurement.failed(Fault("error", str(error)))
         if measurement.extra.get("stalled") and not self._answers():
@@ -379,7 +398,7 @@ class _EngineSession:
             measurement.fault = Fault(
                 "error",
                 f"the engine stopped answering: {measurement.extra['first_stall']}",
-                tail(self.trial_dir / "engine.log"),
+                engine.tail() if engine is not None else tail(self.trial_dir / "engine.log"),
             )
         elif rejected:
             measurement.fault = Fault("sla-violated", rejected)

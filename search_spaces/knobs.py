@@ -32,6 +32,8 @@ class Knob:
     engine_allowed: dict[str, tuple[Any, ...]] = field(
         default_factory=dict
     )  # an engine's subset of values
+    # The low limit itself is not allowed (a memory share of 0 holds nothing).
+    low_exclusive: bool = False
 
 
 def _schedule(field_name: str, convert: Callable[[Any], Any] = int) -> Renderer:
@@ -94,6 +96,20 @@ def _mindie_kv_compression(ratio: float) -> dict[str, Any]:
         )
     return _MINDIE_KV_STATES[ratio]
 
+
+DEPLOYMENTS = ("co-located", "disaggregated")
+
+
+def _per_role(value: Any) -> dict[str, Any]:
+    # A prefill/decode knob shapes the deployment, not one server's settings: the export
+    # renders each role's servers from it (search_spaces.deployment, tuner.export_pd).
+    return {}
+
+
+_PD_ENGINES: dict[str, Renderer] = {
+    "mindie": _per_role,
+    "vllm": _per_role,
+}  # llama.cpp has no KV transfer
 
 KNOBS: dict[str, Knob] = {
     knob.name: knob
@@ -178,6 +194,54 @@ KNOBS: dict[str, Knob] = {
             "select-batch cost weight of a decode slot (MindIE)",
             limits=(0, 1000),
             render={"mindie": _schedule("decodeTimeMsPerReq")},
+        ),
+        # Prefill/decode disaggregation (search_spaces.deployment): on a chip budget (--chips),
+        # one instance per chip. Co-located: every chip a replica serving both phases.
+        # Disaggregated: prefill instances (their step budget is max_prefill_tokens) hand each
+        # request's KV cache to decode instances (their batch is batch_size).
+        Knob(
+            "deployment",
+            "categorical",
+            "co-located replicas, or prefill and decode instances (--chips of 2 or more)",
+            allowed=DEPLOYMENTS,
+            render=_PD_ENGINES,
+        ),
+        Knob(
+            "prefill_instances",
+            "int",
+            "disaggregated: chips running prefill",
+            limits=(1, 4096),
+            render=_PD_ENGINES,
+        ),
+        Knob(
+            "decode_instances",
+            "int",
+            "disaggregated: chips running decode (default: the rest of --chips)",
+            limits=(1, 4096),
+            render=_PD_ENGINES,
+        ),
+        Knob(
+            "prefill_batch_size",
+            "int",
+            "disaggregated: most requests one prefill instance runs at once",
+            limits=(1, 5000),
+            render=_PD_ENGINES,
+        ),
+        Knob(
+            "prefill_memory_share",
+            "float",
+            "disaggregated: share of a prefill chip's memory the engine may use",
+            limits=(0.0, 1.0),
+            low_exclusive=True,
+            render=_PD_ENGINES,
+        ),
+        Knob(
+            "decode_memory_share",
+            "float",
+            "disaggregated: share of a decode chip's memory the engine may use",
+            limits=(0.0, 1.0),
+            low_exclusive=True,
+            render=_PD_ENGINES,
         ),
     )
 }

@@ -21,6 +21,14 @@ from objectives.scenario import Workload
 from objectives.userfile import InputError, load_yaml, validate
 from search_spaces.knobs import ENGINES, KNOBS, Knob
 
+# Knobs only a disaggregated deployment reads (search_spaces.deployment).
+ROLE_KNOBS = (
+    "prefill_instances",
+    "decode_instances",
+    "prefill_batch_size",
+    "prefill_memory_share",
+    "decode_memory_share",
+)
 GRID_POINTS = 6  # values per numeric knob when --sampler grid has no explicit `grid`
 
 
@@ -88,6 +96,10 @@ def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
             raise InputError(f"{where}: {number!r} is not a number")
         if knob.kind == "int" and float(number) != int(number):
             raise InputError(f"{where}: {number!r} is not an integer")
+        if knob.low_exclusive and not low < number <= high:
+            raise InputError(
+                f"{where}: {number:g} is outside the allowed range ({low:g}, {high:g}]"
+            )
         if not low <= number <= high:
             raise InputError(f"{where}: {number:g} is outside the allowed range {low:g}..{high:g}")
     if spec.low is not None and spec.high is not None and spec.step is not None:
@@ -109,6 +121,7 @@ class SearchSpace:
         source: str = "",
         user_set: frozenset[str] = frozenset(),
         hard_ends: dict[str, tuple[float, str]] | None = None,
+        chips: int = 1,
     ):
         self.engine = engine
         self.ranges = ranges
@@ -120,10 +133,11 @@ class SearchSpace:
         # "knob.low" / "knob.high" -> the furthest that end may go for this workload on this
         # runner, and why (the longest prompt, what memory holds).
         self.hard_ends = hard_ends or {}
+        self.chips = chips  # the chip budget (search_spaces.deployment)
 
     def _with(self, ranges: dict[str, KnobRange], notes: list[str]) -> SearchSpace:
         return SearchSpace(
-            self.engine, ranges, notes, self.source, self.user_set, dict(self.hard_ends)
+            self.engine, ranges, notes, self.source, self.user_set, dict(self.hard_ends), self.chips
         )
 
     @classmethod
@@ -287,6 +301,18 @@ class SearchSpace:
         sampled = trial.params.get("max_prefill_batch_size")
         if sampled is not None and not isinstance(trial.study.sampler, optuna.samplers.GridSampler):
             config["max_prefill_batch_size"] = min(sampled, config.get("batch_size", sampled))
+        return self._deployment(config)
+
+    def _deployment(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A co-located trial runs without the role knobs (sampled all the same: a space that
+        changed with the deployment would be dynamic); a disaggregated one decodes on the rest
+        of the chip budget unless the space sets decode_instances."""
+        if "deployment" not in config:
+            return config
+        if config["deployment"] != "disaggregated":
+            return {k: v for k, v in config.items() if k not in ROLE_KNOBS}
+        if "decode_instances" not in config:
+            config["decode_instances"] = self.chips - int(config["prefill_instances"])
         return config
 
     def grid(self) -> dict[str, list[Any]]:
@@ -330,6 +356,15 @@ class SearchSpace:
                 f"max_prefill_tokens {config['max_prefill_tokens']} < "
                 f"longest prompt {workload.longest_prompt}"
             )
+        if config.get("deployment") == "disaggregated":
+            used = config["prefill_instances"] + config["decode_instances"]
+            if used > self.chips:
+                reasons.append(
+                    f"prefill_instances {config['prefill_instances']} + decode_instances "
+                    f"{config['decode_instances']} = {used} chips > --chips {self.chips}"
+                )
+            if config["decode_instances"] < 1:
+                reasons.append(f"no chip left for a decode instance within --chips {self.chips}")
         if config.get("max_prefill_batch_size", 0) > config.get("batch_size", math.inf):
             reasons.append(
                 f"max_prefill_batch_size {config['max_prefill_batch_size']} > "

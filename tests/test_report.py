@@ -3,8 +3,10 @@ optuna-dashboard 0.21 (its SLA feasibility included)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -358,3 +360,48 @@ def test_screen_chart_shows_every_pick_with_misses_and_failures_marked():
     assert "engine exited during the load" in failed.text[0]
     assert len({meets.marker.symbol, misses.marker.symbol, failed.marker.symbol}) == 3
     assert "3 picks, 1 met the SLA, 1 missed it, 1 failed" in fig.layout.title.text
+
+
+def test_report_compares_colocated_and_disaggregated_on_a_chip_budget(
+    study_dir: Path, tmp_path: Path
+):
+    """A 4-chip study that measured one config both ways (the grid over `deployment`, every
+    other knob fixed): the report's comparison section holds each deployment's best (its only
+    trial) and the line saying which wins per chip; the console prints that line; the front
+    says each row's deployment and that its throughputs are per chip."""
+    (tmp_path / "small.yaml").write_text((study_dir / "small.yaml").read_text())
+    fixed = dict(prefill_instances=2, decode_instances=2, prefill_memory_share=0.6,
+                 decode_memory_share=0.8, prefill_batch_size=16, batch_size=48,
+                 select_batch="prefill-first", max_prefill_tokens=4096, max_prefill_batch_size=8,
+                 quantization="bf16", kv_compression=1.0)  # fmt: skip
+    knobs = {k: {"value": v} for k, v in fixed.items()}
+    knobs["deployment"] = {"choices": ["co-located", "disaggregated"]}
+    (tmp_path / "both.yaml").write_text(json.dumps({"knobs": knobs}))  # JSON is YAML
+    result = run_autotune(
+        "--scenario", "small.yaml", "--chips", "4", "--trials", "2", "--sampler", "grid",
+        "--space", "both.yaml", "--study", "both", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    study = optuna.load_study(study_name="both", storage=f"sqlite:///{tmp_path / 'studies.db'}")
+    number = {t.user_attrs["knobs"]["deployment"]: t.number for t in study.trials}
+    assert set(number) == {"co-located", "disaggregated"}
+    assert all(is_feasible(t.constraints) for t in study.trials)
+
+    page = (tmp_path / "best-config.report.html").read_text()
+    start = page.index("<h2>Co-located vs disaggregated on 4 chips</h2>")
+    section = page[start : page.index("</section>", start)]
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", section)]
+    rows = {row[0]: row for row in cells if row}
+    assert rows["co-located"][1:3] == [str(number["co-located"]), "4 replicas"]
+    assert rows["disaggregated"][1:3] == [str(number["disaggregated"]), "2P2D"]
+    assert "capacity tok/s per chip" in section and "TPOT p99 ms" in section
+    line = next(line for line in result.stdout.splitlines() if line.startswith("On 4 chips, "))
+    assert "beats" in line and "co-located (trial" in line and "disaggregated 2P2D (trial" in line
+    assert "per chip" in line
+    assert line in html.unescape(section)
+    # The front: a deploy column, and throughput headers per chip.
+    head = result.stdout[: result.stdout.index("2 trials this run")]
+    assert "deploy" in head and "per chip" in head and "2P2D" in head and "co-located" in head
+    # A one-chip study's report has no such section.
+    one_chip = (study_dir / "best-config.report.html").read_text()
+    assert "Co-located vs disaggregated" not in one_chip

@@ -42,6 +42,14 @@ TUNE_OPTIONS = {
         help="sim: hardware profile or YAML (default ascend-910b2); "
         "engines: a label (default: host name)",
     ),
+    "chips": click.option(
+        "--chips",
+        type=click.IntRange(1, 4096),
+        default=1,
+        show_default=True,
+        help="sim: the chip budget, one instance per chip; from 2 the study also searches "
+        "prefill/decode disaggregation, and throughputs are per chip",
+    ),
     "engine_cmd": click.option(
         "--engine-cmd",
         help="the engine's executable (vllm, llama-server, ...) or the Python of vLLM's venv",

@@ -19,7 +19,7 @@ from tuner.front_table import front_table, snapshot_rows
 from tuner.ladder import print_quality
 from tuner.misses import closest_miss
 from tuner.prepare import Prepared
-from tuner.report import write_report
+from tuner.report import deployment_comparison, write_report
 from tuner.storage import latest_snapshot
 from tuner.study import (
     RANGE_EDGES,
@@ -147,5 +147,8 @@ def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) ->
         sys.exit(EXIT_NO_FEASIBLE)
     export_trial(study, best, export_path)
     out.print(f"best: trial {best.number} ({scenario.pick}) -> {export_path}", markup=False)
+    compared = deployment_comparison(study, scenario)  # a chip budget, both deployments feasible
+    if compared is not None:
+        out.print(compared, markup=False, soft_wrap=True)
     for edge in edges:
         out.print(f"note: the best {edge.message()}", markup=False, soft_wrap=True)

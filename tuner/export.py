@@ -12,13 +12,21 @@ from pydantic import BaseModel, ConfigDict
 import tuner
 from objectives.scenario import Workload
 from objectives.userfile import load_yaml
+from search_spaces.deployment import deployment_label, is_disaggregated
 from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
+from tuner.export_pd import pd_forms, replicated
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
 
 
 class ExportedConfig(BaseModel):
+    """With a chip budget (`chips`, from `autotune --chips N` of 2 or more), `deployment` says
+    how the chips serve ("co-located" replicas, or "xPyD": x prefill and y decode instances),
+    `native` holds the deployment (tuner.export_pd) and every throughput and capacity figure is
+    per chip. Both are absent from a one-chip study's export, and from exports written before
+    chip budgets: those load as they are."""
+
     model_config = ConfigDict(extra="forbid")
 
     autotune_version: str
@@ -31,13 +39,25 @@ class ExportedConfig(BaseModel):
     engine: str
     model: str
     hardware: str
+    chips: int | None = None  # the chip budget; None: one chip
+    deployment: str | None = None  # deployment_label: "co-located", "2P6D"; None: one chip
     knobs: dict[str, Any]
     native: dict[str, Any]
-    capacity: dict[str, Any] | None = None  # what one instance sustains within the SLA
+    # what one instance (with a chip budget: one chip) sustains within the SLA
+    capacity: dict[str, Any] | None = None
     quality: dict[str, Any] | None = (
         None  # what the precision and KV setting cost in accuracy, and its source
     )
     metrics: dict[str, Any]
+
+    def document(self) -> dict[str, Any]:
+        """The YAML's content: a one-chip study's export has no chip budget or deployment, as
+        before chip budgets."""
+        data = self.model_dump()
+        return {k: v for k, v in data.items() if v is not None or k not in _CHIP_FIELDS}
+
+
+_CHIP_FIELDS = ("chips", "deployment")
 
 
 def _mindie_form(
@@ -78,12 +98,17 @@ def native_forms(
     workload: Workload,
     engine: str | None = None,
     engine_args: list[str] | None = None,
+    chips: int | None = None,
 ) -> dict[str, Any]:
     """MindIE's config.json fragment and the `vllm serve` and `llama-server` arguments of a
     config for the workload, rendered as the runners render them (search_spaces.engines), less
     host, port and local paths. The trial's own `engine` keeps the `engine_args` it ran with
     (its runner settings included: threads, extra arguments); an engine that would refuse the
-    config says why instead."""
+    config says why instead. On a budget of `chips`: a co-located config's forms say the
+    replicas and their router; a disaggregated config gets each engine's deployment form
+    instead (tuner.export_pd; only the simulator runs those, so no engine arguments ran)."""
+    if is_disaggregated(knobs):
+        return pd_forms(knobs, workload)
     forms: dict[str, Any] = {}
     for name, form in _FORMS.items():
         ran = engine_args if name == engine else None
@@ -94,6 +119,8 @@ def native_forms(
             )
         except ValueError as error:  # a knob value the engine has no setting for
             forms[name] = {"not_expressible": str(error)}
+    if chips is not None and chips > 1:
+        forms = {name: replicated(form, chips) for name, form in forms.items()}
     return forms
 
 
@@ -132,7 +159,8 @@ def build_export(
     workload: Workload,
 ) -> ExportedConfig:
     """`metrics` are the trial's attributes: its measurements and the engine arguments it ran
-    with."""
+    with. `identity` holds "chips" for a study on a chip budget."""
+    chips = int(identity["chips"]) if "chips" in identity else None
     return ExportedConfig(
         autotune_version=tuner.__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -144,8 +172,10 @@ def build_export(
         engine=identity["engine"],
         model=identity["model"],
         hardware=identity["hardware"],
+        chips=chips,
+        deployment=deployment_label(knobs),
         knobs=knobs,
-        native=native_forms(knobs, workload, identity["engine"], metrics.get("engine_args")),
+        native=native_forms(knobs, workload, identity["engine"], metrics.get("engine_args"), chips),
         capacity=capacity_summary(metrics, peak_rate),
         quality=quality_summary(metrics),
         metrics={
@@ -158,7 +188,7 @@ def build_export(
 
 def write_export(path: Path, exported: ExportedConfig) -> None:
     header = "# Written by autotune. `native` holds the settings ready to deploy.\n"
-    write_atomic(path, header + yaml.safe_dump(exported.model_dump(), sort_keys=False))
+    write_atomic(path, header + yaml.safe_dump(exported.document(), sort_keys=False))
 
 
 def load_export(path: Path) -> ExportedConfig:

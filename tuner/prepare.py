@@ -13,8 +13,9 @@ from optuna.distributions import IntDistribution
 from objectives.scenario import Scenario, load_scenario, preset_names
 from objectives.userfile import InputError
 from runners.base import Runner
-from runners.registry import RUNNERS
-from search_spaces.space import SearchSpace, parse_config
+from runners.registry import CHIP_BUDGET_RUNNERS, RUNNERS
+from search_spaces.deployment import with_deployment
+from search_spaces.space import KnobRange, SearchSpace, parse_config
 from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
 from tuner.quality import EXCLUDED, QualityBook
@@ -114,6 +115,7 @@ def prepare(
     quality_path: Path | None = None,
     quality_prompts_path: Path | None = None,
     before_writes: Callable[[optuna.storages.RDBStorage, str], None] | None = None,
+    chips: int = 1,
 ) -> Prepared:
     """Validate every input and output before anything is written, then open (or resume) the study.
     `before_writes(storage, study name)` runs once the storage is open, before the study is written
@@ -128,14 +130,23 @@ def prepare(
         hardware=hardware,
         engine_cmd=engine_cmd,
         runner_config=runner_config,
+        chips=chips,
     )
     runner.check_inputs()
     check_context(chosen, f"--scenario {scenario}", runner)
-    space = runner.adapt(
-        SearchSpace.load(runner.engine, space_path).fit_workload(
-            chosen.workload, f"--scenario {scenario}"
-        )
+    space = SearchSpace.load(runner.engine, space_path).fit_workload(
+        chosen.workload, f"--scenario {scenario}"
     )
+    if chips > 1 and chosen.closed_loop and runner.name == "sim":
+        why = "the simulator runs a disaggregated deployment under open-loop arrivals only"
+        space = space.restrict("deployment", ["co-located"], why)
+        if "deployment" not in space.ranges:
+            space = space.with_range(
+                "deployment", KnobRange(value="co-located"), f"deployment co-located: {why}"
+            )
+    space = runner.adapt(space)
+    if runner.name not in CHIP_BUDGET_RUNNERS:  # these measure one co-located instance
+        space = with_deployment(space, 1, 1.0, "", False)
     quality = plan_quality(
         chosen, f"--scenario {scenario}", runner, space, quality_path, quality_prompts_path
     )

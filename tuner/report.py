@@ -16,8 +16,10 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.offline import get_plotlyjs
 
 from objectives.scenario import Scenario
-from objectives.scoring import throughput_label
+from objectives.scoring import is_feasible, pick_best, throughput_label
 from objectives.userfile import InputError
+from search_spaces.deployment import deployment_label
+from search_spaces.knobs import DEPLOYMENTS
 from tuner import nightly as night
 from tuner.export import build_export
 from tuner.ladder import ladder_rows
@@ -62,12 +64,15 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
         )
     slo = scenario.quality.model_dump(exclude_none=True) if scenario.quality else {}
     load = f"{scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}"
+    label = deployment_label(knobs)
+    chips = study.user_attrs.get("identity", {}).get("chips")
     rows = [
         [
             "knobs",
             f"trial {best.number}: "
             + ", ".join(f"{k} {knobs[k]}" for k in KNOB_COLUMNS if k in knobs),
         ],
+        *([["deployment", f"{label} on {chips} chips (figures per chip)"]] if label else []),
         ["throughput", capacity],
         ["TTFT p99", f"{best.values[0]:.0f} ms at {load} (SLA {scenario.sla.ttft_p99_ms:g} ms)"],
         [
@@ -90,6 +95,142 @@ def _table(rows: list[list[Any]], head: list[str]) -> str:
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
     )
     return f"<table><tr>{cells}</tr>{body}</table>"
+
+
+def best_by_deployment(
+    study: optuna.Study, scenario: Scenario
+) -> dict[str, FrozenTrial | None] | None:
+    """The best SLA-feasible trial of each deployment (the scenario's pick rule applied within
+    that deployment's feasible trials; None where none is feasible), or None unless the study
+    searched both deployments (a chip budget of 2 or more)."""
+    searched: set[str] = set()
+    feasible: dict[str, list[FrozenTrial]] = {name: [] for name in DEPLOYMENTS}
+    for t in study.get_trials(deepcopy=False):
+        deployment = trial_knobs(study, t).get("deployment")
+        if deployment not in feasible:
+            continue
+        searched.add(deployment)
+        if t.state == TrialState.COMPLETE and is_feasible(t.constraints):
+            feasible[deployment].append(t)
+    if searched != set(DEPLOYMENTS):
+        return None
+    best: dict[str, FrozenTrial | None] = {}
+    for name, trials in feasible.items():
+        key = pick_best(
+            [(t.number, t.values[0], t.values[1]) for t in trials],
+            scenario.pick,
+            scenario.tie_tolerance,
+        )
+        best[name] = next((t for t in trials if t.number == key), None)
+    return best
+
+
+def _who(study: optuna.Study, t: FrozenTrial) -> str:
+    knobs = trial_knobs(study, t)
+    split = deployment_label(knobs)
+    name = str(knobs.get("deployment"))
+    return f"{name}{f' {split}' if split != name else ''} (trial {t.number})"
+
+
+def _change(value: float, other: float) -> str:
+    if not other:
+        return "-"
+    change = (value / other - 1) * 100
+    return f"{change:+.1f}%" if abs(change) < 10 else f"{change:+.0f}%"
+
+
+def deployment_comparison(study: optuna.Study, scenario: Scenario) -> str | None:
+    """One line: which deployment's best config wins on the scenario's pick rule, per chip, and
+    by how much; None unless both deployments have an SLA-feasible trial."""
+    best = best_by_deployment(study, scenario)
+    if best is None:
+        return None
+    contenders = [(name, t) for name, t in best.items() if t is not None]
+    if len(contenders) < 2:
+        return None
+    won = pick_best(
+        [(name, t.values[0], t.values[1]) for name, t in contenders],
+        scenario.pick,
+        scenario.tie_tolerance,
+    )
+    (_, w), (_, lost) = sorted(contenders, key=lambda c: c[0] != won)
+    throughput = (
+        "throughput",
+        f"{w.values[1]:.0f} vs {lost.values[1]:.0f} {throughput_label(scenario)} per chip "
+        f"({_change(w.values[1], lost.values[1])})",
+    )
+    ttft = (
+        "TTFT p99",
+        f"TTFT p99 {w.values[0]:.0f} vs {lost.values[0]:.0f} ms "
+        f"({_change(w.values[0], lost.values[0])})",
+    )
+    if scenario.pick == "min-ttft":
+        first, then, ahead = ttft, throughput, w.values[0] <= lost.values[0]
+    else:
+        first, then, ahead = throughput, ttft, w.values[1] >= lost.values[1]
+    chips = study.user_attrs["identity"].get("chips", "?")
+    verdict = (
+        f"{first[1]}; {then[1]}"
+        if ahead
+        else f"{first[1]}, tied within the tie tolerance of {scenario.tie_tolerance:.0%}, so "
+        f"{then[0]} decides: {then[1]}"
+    )
+    return (
+        f"On {chips} chips, {_who(study, w)} beats {_who(study, lost)} per chip "
+        f"({scenario.pick}): {verdict}"
+    )
+
+
+def _figure(value: Any, digits: str = ".0f") -> str:
+    return "-" if value is None else f"{value:{digits}}"
+
+
+def _deployments(study: optuna.Study, scenario: Scenario) -> str:
+    """The section comparing the best co-located and disaggregated configs, when the study
+    searched both."""
+    best = best_by_deployment(study, scenario)
+    if best is None:
+        return ""
+    chips = study.user_attrs["identity"].get("chips", "?")
+    capacity = scenario.load.mode == "capacity"
+    rate = f"@{scenario.nominal_rate:g}"
+    head = [
+        "deployment",
+        "trial",
+        "split",
+        f"TTFT p50 ms {rate}",
+        f"TTFT p99 ms {rate}",
+        "TPOT p50 ms",
+        "TPOT p99 ms",
+        ("capacity req/s" if capacity else "req/s") + " per chip",
+        f"{throughput_label(scenario)} per chip",
+    ]
+    rows: list[list[Any]] = []
+    for name, t in best.items():
+        if t is None:
+            rows.append([name, "-", "no trial met the SLA", *["-"] * 6])
+            continue
+        attrs = t.user_attrs
+        split = deployment_label(trial_knobs(study, t))
+        rows.append(
+            [
+                name,
+                t.number,
+                f"{chips} replicas" if split == "co-located" else split,
+                _figure(attrs.get("ttft_p50_ms")),
+                _figure(t.values[0]),
+                _figure(attrs.get("tpot_p50_ms"), ".1f"),
+                _figure(attrs.get("tpot_p99_ms"), ".1f"),
+                _figure(attrs.get("capacity_rps" if capacity else "requests_per_s"), ".3g"),
+                _figure(t.values[1]),
+            ]
+        )
+    line = deployment_comparison(study, scenario)
+    return _section(
+        f"Co-located vs disaggregated on {chips} chips",
+        _table(rows, head)
+        + f"<p>{html.escape(line or 'Only one deployment met the SLA: nothing to compare.')}</p>",
+    )
 
 
 def _edges(study: optuna.Study, best: FrozenTrial | None) -> str:
@@ -142,6 +283,7 @@ def build_html(study: optuna.Study, engine) -> str:
             + _table(ladder, ladder_head)
             + _plot(pareto_figure(study, scenario, front, best)),
         ),
+        _deployments(study, scenario),
         _section("Trials", plots),
         _section("Study", summary + f"<pre>{html.escape(scenario_yaml)}</pre>"),
     ]
@@ -157,7 +299,7 @@ def build_html(study: optuna.Study, engine) -> str:
             scenario.load.peak_rate,
             workload=scenario.workload,
         )
-        shown = {k: v for k, v in exported.model_dump().items() if k != "metrics"}
+        shown = {k: v for k, v in exported.document().items() if k != "metrics"}
         parts.append(
             _section(
                 f"Exported config: trial {best.number}",

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
 from objectives.scoring import QUALITY_PREFIX, is_feasible, throughput_label
+from search_spaces.deployment import deployment_label
 from tuner.quality import describe_figures
 
 KNOB_COLUMNS = (
@@ -84,9 +85,16 @@ def _log_range(values: list[float]) -> list[float] | None:
     return [math.log10(min(values)) - 0.1, math.log10(max(values)) + 0.1]
 
 
+def per_chip(study: optuna.Study) -> str:
+    """The throughput label's suffix: per chip for a study on a chip budget."""
+    return " per chip" if "chips" in study.user_attrs.get("identity", {}) else ""
+
+
 def _hover(t: FrozenTrial) -> str:
     knobs = t.user_attrs.get("knobs", t.params)
     lines = [f"trial {t.number}"] + [f"{k}: {knobs[k]}" for k in KNOB_COLUMNS if k in knobs]
+    if deployment_label(knobs) is not None:
+        lines.insert(1, f"deployment: {deployment_label(knobs)}")
     if not is_feasible(t.constraints):
         lines.append(_sla_misses(t))
     if t.user_attrs.get("capacity_note"):
@@ -151,7 +159,7 @@ def pareto_figure(
         title=f"TTFT p99 against throughput, every measured trial{left_out}",
         xaxis_title=f"TTFT p99 (ms) at {scenario.nominal_rate:g} "
         f"{'in flight' if scenario.closed_loop else 'req/s'}",
-        yaxis_title=throughput_label(scenario),
+        yaxis_title=throughput_label(scenario) + per_chip(study),
         xaxis_type="log",
         xaxis_range=_log_range([t.values[0] for t in done] + [scenario.sla.ttft_p99_ms]),
     )
@@ -290,7 +298,7 @@ def progress_figure(study: optuna.Study, scenario: Scenario) -> go.Figure:
     fig.update_layout(
         title="Best SLA-feasible throughput over trials",
         xaxis_title="trial",
-        yaxis_title=throughput_label(scenario),
+        yaxis_title=throughput_label(scenario) + per_chip(study),
     )
     return fig
 

@@ -47,15 +47,16 @@ STUDY_DIRECTIONS = tuple(StudyDirection[direction.upper()] for direction in DIRE
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
-    return ".".join(
-        [
-            scenario.name,
-            identity["runner"],
-            identity["engine"],
-            identity["model"],
-            identity["hardware"],
-        ]
-    )
+    parts = [
+        scenario.name,
+        identity["runner"],
+        identity["engine"],
+        identity["model"],
+        identity["hardware"],
+    ]
+    if "chips" in identity:  # a chip budget other than one
+        parts.append(f"{identity['chips']}chips")
+    return ".".join(parts)
 
 
 @dataclass
@@ -270,6 +271,28 @@ def _end_interrupted(
         )
 
 
+def balance_deployments(study: optuna.Study, space: SearchSpace) -> None:
+    """When a study searches both deployments on a chip budget, each trial runs the one fewer
+    trials of the study ran so far (co-located first), the sampler choosing the other knobs:
+    left to the sampler, a deployment that led early took nearly every trial (6 of 80 trials
+    disaggregated, whose own study then found a better config), and the comparison the report
+    makes would stand on one side's search alone. Queued trials (a baseline, a screen's pick,
+    a night's warm start) keep their own; a grid covers both already."""
+    spec = space.ranges.get("deployment")
+    if spec is None or spec.choices is None or len(spec.choices) < 2:
+        return
+    if isinstance(study.sampler, optuna.samplers.GridSampler):
+        return
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return
+    counts = {choice: 0 for choice in spec.choices}
+    for t in trials:
+        if t.params.get("deployment") in counts:
+            counts[t.params["deployment"]] += 1
+    study.enqueue_trial({"deployment": min(counts, key=lambda choice: counts[choice])})
+
+
 def _running(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
@@ -295,6 +318,7 @@ def optimize(
             try:
                 if run.screen is not None:
                     run.screen.propose(run.study)
+                balance_deployments(run.study, run.space)
                 with interrupts_deferred():  # ask() stores the trial RUNNING before we hold it
                     trial = run.study.ask()
                 trial.set_user_attr("worker", WORKER)

@@ -107,6 +107,27 @@ class Figure(BaseModel):
     note: str = ""
 
 
+class LinkFigures(BaseModel):
+    """The path one request's KV cache takes from a prefill chip to a decode chip."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str  # e.g. "HCCS", "RoCE", "NVLink 4", "InfiniBand NDR"
+    bandwidth_gbs: Figure  # per direction, one prefill chip to one decode chip, GB/s
+    latency_ms: Figure  # per transfer: handshake and first byte, before the bytes stream
+
+
+class KVLink(BaseModel):
+    """Links for prefill/decode disaggregation: within a node, and between nodes for a
+    deployment larger than one node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chips_per_node: int = Field(8, ge=1)
+    intra_node: LinkFigures
+    inter_node: LinkFigures
+
+
 class HardwareProfile(BaseModel):
     """One accelerator. Every figure says whether it was measured, assumed or calibrated."""
 
@@ -131,6 +152,8 @@ class HardwareProfile(BaseModel):
     # added to every request's first token and end, never occupying the engine.
     request_latency_ms: Figure | None = None
     kv_block_tokens: int = Field(128, ge=1)
+    # What KV transfers between chips go over; None: no disaggregated deployment on it.
+    kv_link: KVLink | None = None
 
     @field_validator("mfu", "mbu")
     @classmethod

@@ -11,10 +11,24 @@ from objectives.userfile import InputError
 from runners.base import FailedSession, Session, run_once
 from runners.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
+from runners.sim.disaggregated import FIRST_TOKEN_FROM, DisaggregatedSession, Fleet
 from runners.sim.engine import Simulation
-from runners.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
+from runners.sim.profiles import (
+    Figure,
+    HardwareProfile,
+    ModelProfile,
+    load_hardware,
+    load_model,
+)
+from runners.sim.router import replica_requests
 from runners.sim.scheduler import Policy, Scheduler
-from runners.workload import make_requests
+from search_spaces.deployment import (
+    is_disaggregated,
+    memory_share,
+    role_config,
+    roles,
+    with_deployment,
+)
 from search_spaces.engines import llamacpp_args, violations, vllm_args
 from search_spaces.knobs import KNOBS
 from search_spaces.space import KnobRange, SearchSpace
@@ -52,6 +66,7 @@ class SimRunner:
         engine: str = "mindie",
         model: str | ModelProfile = "qwen2-7b",
         hardware: str | HardwareProfile = "ascend-910b2",
+        chips: int = 1,
     ):
         if engine not in SIM_ENGINES:
             raise InputError(
@@ -63,14 +78,18 @@ class SimRunner:
         self.hardware = (
             hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
         )
+        self.chips = chips  # the budget a deployment spreads over (search_spaces.deployment)
 
     def identity(self) -> dict[str, str]:
-        return {
+        identity = {
             "runner": self.name,
             "engine": self.engine,
             "model": self.model.name,
             "hardware": self.hardware.name,
         }
+        if self.chips > 1:  # one chip: as studies were before chip budgets
+            identity["chips"] = str(self.chips)
+        return identity
 
     def check_inputs(self) -> None:
         pass  # the model and hardware profiles were read and checked when the runner was made
@@ -79,7 +98,15 @@ class SimRunner:
         return self.model.max_context, self.model.name
 
     def adapt(self, space: SearchSpace) -> SearchSpace:
-        return space  # the simulator runs every knob value
+        # The simulator runs every knob value; the chip budget decides the deployments.
+        hardware = self.hardware
+        return with_deployment(
+            space,
+            self.chips,
+            hardware.memory_fraction.value,
+            hardware.name,
+            hardware.kv_link is not None,
+        )
 
     def batch_ceiling(self, space: SearchSpace, workload: Workload) -> tuple[int, str] | None:
         """Beyond the sequences the KV cache holds, batch slots stay empty: the ceiling is what
@@ -106,9 +133,13 @@ class SimRunner:
             f"{sequences} requests of {workload.typical_request:.0f} tokens"
         )
 
-    def _cost(self, config: dict[str, Any]) -> CostModel:
+    def _cost(self, config: dict[str, Any], memory_share: float | None = None) -> CostModel:
+        hardware = self.hardware
+        if memory_share is not None:  # a disaggregated role's share of the chip's memory
+            share = Figure(value=memory_share, source="assumed", note="the trial's memory share")
+            hardware = hardware.model_copy(update={"memory_fraction": share})
         return CostModel(
-            self.model, self.hardware, config["quantization"], float(config["kv_compression"])
+            self.model, hardware, config["quantization"], float(config["kv_compression"])
         )
 
     def _scheduler(self, config: dict[str, Any]) -> Scheduler:
@@ -136,11 +167,30 @@ class SimRunner:
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         config = DEFAULTS | config
-        # What the real engine refuses, the simulator too.
-        refused = violations(self.engine, config, workload)
-        if refused:
-            return refused
-        cost = self._cost(config)
+        if not is_disaggregated(config):
+            # What the real engine refuses, the simulator too.
+            return violations(self.engine, config, workload) or self._memory_violations(
+                config, workload.longest_request
+            )
+        if workload.arrival.kind == "closed":
+            return [
+                "the simulator runs a disaggregated deployment under open-loop arrivals only "
+                "(a closed loop's client couples the prefill and decode instances)"
+            ]
+        reasons = []
+        for role, longest in (("prefill", workload.longest_prompt + 1), ("decode", None)):
+            single = role_config(config, role)
+            # Each role's servers are the engine's own: what it refuses of them, the simulator too.
+            role_reasons = violations(self.engine, single, workload) or self._memory_violations(
+                single, longest or workload.longest_request, memory_share(config, role)
+            )
+            reasons += [f"{role} instances: {reason}" for reason in role_reasons]
+        return reasons
+
+    def _memory_violations(
+        self, config: dict[str, Any], longest: int, share: float | None = None
+    ) -> list[str]:
+        cost = self._cost(config, share)
         capacity = cost.kv_capacity_tokens(config["max_prefill_tokens"])
         if capacity <= 0:
             return [
@@ -150,11 +200,8 @@ class SimRunner:
             ]
         block = self.hardware.kv_block_tokens
         blocks = capacity // block
-        if blocks * block < workload.longest_request:
-            return [
-                f"KV cache holds {blocks * block} tokens; "
-                f"the longest request needs {workload.longest_request}"
-            ]
+        if blocks * block < longest:
+            return [f"KV cache holds {blocks * block} tokens; the longest request needs {longest}"]
         return []
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
@@ -164,16 +211,41 @@ class SimRunner:
             "llamacpp": llamacpp_args,
         }
         render = renderers.get(self.engine)
-        return None if render is None else render(config, workload)
+        if render is None or is_disaggregated(config):  # no one server runs the whole config
+            return None
+        return render(config, workload)
 
     @contextmanager
     def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
         config = DEFAULTS | config
         reasons = self.violations(config, workload)
-        yield (
-            FailedSession(Fault("infeasible", "; ".join(reasons)))
-            if reasons
-            else _SimSession(self, config)
+        session: Session
+        if reasons:
+            session = FailedSession(Fault("infeasible", "; ".join(reasons)))
+        elif is_disaggregated(config):
+            session = DisaggregatedSession(self._fleet(config))
+        else:
+            session = _SimSession(self, config)
+        yield session
+
+    def _fleet(self, config: dict[str, Any]) -> Fleet:
+        """A disaggregated config's roles as the simulator runs them."""
+        counts = roles(config)
+        link = self.hardware.kv_link
+        assert link is not None, "search_spaces.deployment refuses a profile with no kv_link"
+        parts = {}
+        for role in ("prefill", "decode"):
+            single = role_config(config, role)
+            cost = self._cost(single, memory_share(config, role))
+            blocks = cost.kv_capacity_tokens(single["max_prefill_tokens"])
+            parts[role] = (cost, self._scheduler(single), blocks // self.hardware.kv_block_tokens)
+        return Fleet(
+            counts,
+            *parts["prefill"],
+            *parts["decode"],
+            self.hardware.kv_block_tokens,
+            link.intra_node if counts.chips <= link.chips_per_node else link.inter_node,
+            FIRST_TOKEN_FROM[self.engine],
         )
 
     def run(
@@ -192,15 +264,15 @@ class _SimSession:
         self.scheduler = runner._scheduler(config)
         self.block = runner.hardware.kv_block_tokens
         self.blocks = self.cost.kv_capacity_tokens(config["max_prefill_tokens"]) // self.block
+        self.replicas = runner.chips  # co-located: one replica per chip
         self.extra: dict[str, Any] = {}
 
     def measure(
         self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
     ) -> Measurement:
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
-        sim = Simulation(
-            self.cost, self.scheduler, make_requests(workload), self.blocks, self.block, bound
-        )
+        requests = replica_requests(workload, self.replicas)
+        sim = Simulation(self.cost, self.scheduler, requests, self.blocks, self.block, bound)
         try:
             return sim.run()
         except RuntimeError as error:  # a simulator fault is the trial's, never the study's
