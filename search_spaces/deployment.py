@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from objectives.userfile import InputError
+from search_spaces.knobs import KNOBS
 from search_spaces.space import ROLE_KNOBS, KnobRange, SearchSpace
 
 DEPLOYMENT_KNOBS = ("deployment", *ROLE_KNOBS)
@@ -102,6 +103,8 @@ def with_deployment(
     shares). `has_link`: the `hardware` profile states the link a KV cache moves over."""
     where = space.source
     deployments = _only(space.ranges.get("deployment"))
+    if space.engine not in KNOBS["deployment"].render:  # no KV transfer between its servers
+        deployments = ["co-located"]
     if chips < 2 and deployments == ["disaggregated"]:
         raise InputError(
             f"{where}: knobs.deployment: disaggregated needs --chips 2 or more "
@@ -109,6 +112,12 @@ def with_deployment(
         )
     if chips < 2 or deployments == ["co-located"]:
         why = "--chips 1 runs one co-located instance" if chips < 2 else "deployment co-located"
+        if chips > 1 and "deployment" not in space.ranges:
+            space = space.with_range(
+                "deployment",
+                KnobRange(value="co-located"),
+                f"deployment co-located: {space.engine} has no prefill/decode disaggregation",
+            )
         for name in DEPLOYMENT_KNOBS if chips < 2 else ROLE_KNOBS:
             space = space.drop(name, why)
         return SearchSpace(

@@ -266,6 +266,9 @@ def test_a_preempted_request_keeps_its_first_token_time():
     )
     sim.run()
     assert sim.stats["preemptions"] > 0
+    # Each preempted request's context is recomputed on the decode instance, in a step of its
+    # own (the engines recompute what the instance lost; nothing is free).
+    assert sim.stats["prefill_steps"] > 0
     first = np.array(sim.first_step_end)
     assert np.all(first == first[0])
     assert 0 < first[0] < 0.05  # one decode step of four sequences: tens of ms at most
@@ -468,3 +471,38 @@ def test_the_lean_prefill_instance_rejects_once_the_bound_is_certainly_broken():
         samples=100,
     )
     assert isinstance(ends, str) and "2 of the 100 measured requests" in ends
+
+
+def test_a_one_token_answer_s_first_token_is_its_prefill_s_end_for_early_rejection():
+    """MindIE answers a one-token request at the end of its prefill, before its KV cache would
+    reach a decode instance. Early rejection must count that earlier time: with the bound just
+    above the TTFT p99 a whole load measures, the same load stopped early is not rejected
+    (long prompts between nodes: the transfer is tens of milliseconds)."""
+    runner = SimRunner(engine="mindie", hardware="h100", chips=16)
+    config = _pd(8, 8, max_prefill_tokens=16384, kv_compression=1.0)
+    base = load_scenario("customer-service")
+    workload = base.workload.model_copy(
+        update={
+            "num_requests": 200,
+            "input_tokens": Uniform(kind="uniform", low=12000, high=16000),
+            "output_tokens": Fixed(kind="fixed", value=1),
+            "arrival": Poisson(kind="poisson", rate=0.5),
+        }
+    )
+    with runner.session(config, workload) as session:
+        whole = session.measure(workload)
+        assert whole.fault is None
+        p99 = summarize(whole, base.sla)["ttft_p99_ms"]
+        bound = SLA(ttft_p99_ms=p99 + 0.5)
+        stopped = session.measure(workload, bound, stop_early=True)
+    assert stopped.fault is None, stopped.fault
+
+
+def test_an_engine_without_disaggregation_runs_co_located_on_a_budget():
+    """llama.cpp has no KV transfer between servers: on 4 chips its study runs 4 replicas."""
+    space = SimRunner(engine="llamacpp", hardware="ascend-910b2", chips=4).adapt(
+        SearchSpace.load("llamacpp")
+    )
+    assert space.ranges["deployment"].value == "co-located"
+    assert not set(ROLE_KNOBS) & set(space.ranges)
+    assert any("no prefill/decode disaggregation" in note for note in space.notes)

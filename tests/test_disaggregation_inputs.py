@@ -113,6 +113,16 @@ CASES = {
 }
 
 
+CASES["a grid over both deployments with role knobs searched"] = (
+    lambda tmp, sc: ["--chips", "4", "--sampler", "grid"],
+    ["--sampler grid", "prefill_instances", "co-located"],
+)
+CASES["--screen on a chip budget"] = (
+    lambda tmp, sc: ["--chips", "2", "--screen", "sim"],
+    ["--screen", "--chips 2"],
+)
+
+
 def _on_runner(runner: str) -> Callable[[Path, Path], list[str]]:
     return lambda tmp, sc: ["--chips", "2", "--runner", runner]
 

@@ -47,8 +47,8 @@ TUNE_OPTIONS = {
         type=click.IntRange(1, 4096),
         default=1,
         show_default=True,
-        help="sim: the chip budget, one instance per chip; from 2 the study also searches "
-        "prefill/decode disaggregation, and throughputs are per chip",
+        help="sim and vllm: the chip budget, one instance per chip; from 2 the study also "
+        "searches prefill/decode disaggregation, and throughputs are per chip",
     ),
     "engine_cmd": click.option(
         "--engine-cmd",

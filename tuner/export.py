@@ -106,7 +106,8 @@ def native_forms(
     (its runner settings included: threads, extra arguments); an engine that would refuse the
     config says why instead. On a budget of `chips`: a co-located config's forms say the
     replicas and their router; a disaggregated config gets each engine's deployment form
-    instead (tuner.export_pd; only the simulator runs those, so no engine arguments ran)."""
+    instead (tuner.export_pd: each role's servers as a deployment runs them, rendered for the
+    deployment's own connector, not the arguments a CPU trial ran with)."""
     if is_disaggregated(knobs):
         return pd_forms(knobs, workload)
     forms: dict[str, Any] = {}

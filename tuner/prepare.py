@@ -173,6 +173,11 @@ def prepare(
             quality_prompts_path,
         ),
     )
+    if screen is not None and chips > 1:
+        raise InputError(
+            f"--screen: {screen} screens one instance; with --chips {chips} run the study "
+            "without --screen (the simulator's deployments are --runner sim's own study)"
+        )
     screening = plan_screen(screen, screen_hardware, screen_trials, seed, runner, chosen, space)
     identity = runner.identity()
     name = study_name or default_study_name(chosen, identity)

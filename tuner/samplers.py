@@ -7,7 +7,7 @@ import importlib.util
 import optuna
 
 from objectives.userfile import InputError
-from search_spaces.space import SearchSpace
+from search_spaces.space import ROLE_KNOBS, SearchSpace
 
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
 GP_MODULES = ("torch", "scipy")  # Optuna's GPSampler needs both, from its first fitted trial on
@@ -71,5 +71,13 @@ def make_sampler(
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
+        deployment = space.ranges.get("deployment")
+        searched = [k for k in ROLE_KNOBS if k in space.distributions()]
+        if deployment is not None and deployment.choices is not None and searched:
+            raise InputError(
+                "--sampler grid: a grid over both deployments repeats every co-located point "
+                f"for each value of {', '.join(searched)} (co-located trials ignore them): fix "
+                "them, or fix deployment, in a --space file, or use another sampler"
+            )
         return optuna.samplers.GridSampler(space.grid(), seed=seed)
     raise InputError(f"--sampler: unknown sampler {name!r}; allowed: {', '.join(SAMPLERS)}")

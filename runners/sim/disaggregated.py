@@ -89,6 +89,14 @@ class DecodeOnly(Simulation):
         self._grow_blocks()
         seats = self.scheduler.max_batch - len(self.decoding)
         joined = self._pick_prefills(math.inf, seats, seats)
+        # A request preempted here lost its KV cache: the instance recomputes it (its prompt
+        # and what it generated) in a prefill step of its own, as the engines do.
+        again = [request for request in joined if not math.isnan(self.first[request])]
+        if again:
+            tokens = sum(self.prompt[request] for request in again)
+            pairs = sum(self.prompt[r] * (self.prompt[r] + 1) / 2 for r in again)
+            seconds = self.cost.step_seconds(tokens, pairs, 0, len(again), 0, 0)
+            self._advance(seconds, False, len(again), tokens)
         for request in joined:
             self._first_token(request)
         self._decode_step()
@@ -177,20 +185,21 @@ class DisaggregatedSession:
                 return self._rejected(requests, measured, ends)
             prefill_done[mine] = ends
             ready[mine] = self._transfers(requests.input_tokens[mine], prefill_done[mine])
-        if ttft_bound_s is not None:
-            # No first token before the KV cache arrives: early rejection once that alone
-            # breaks the TTFT p99 bound.
-            rejected = _certainly_late(ready[measured] + latency_s - sent, ttft_bound_s)
-            if rejected is not None:
-                return self._rejected(requests, measured, rejected)
-        first = prefill_done[measured].copy()
-        finish = np.full(measured.size, math.nan)
         from_decode = fleet.first_token_from == "decode"
         # MindIE: a one-token answer ended with its prefill; the rest join with the prefill's
         # token. vLLM: one token more, so that every answered token costs a decode step and
         # the first ends the request's first step.
-        decoded = np.flatnonzero(out > (0 if from_decode else 1))
         done_at_prefill = out == 1 if not from_decode else np.zeros(out.size, bool)
+        if ttft_bound_s is not None:
+            # No first token before the KV cache arrives (a one-token answer's: its prefill
+            # ends): early rejection once that alone breaks the TTFT p99 bound.
+            earliest = np.where(done_at_prefill, prefill_done[measured], ready[measured])
+            rejected = _certainly_late(earliest + latency_s - sent, ttft_bound_s)
+            if rejected is not None:
+                return self._rejected(requests, measured, rejected)
+        first = prefill_done[measured].copy()
+        finish = np.full(measured.size, math.nan)
+        decoded = np.flatnonzero(~done_at_prefill)
         finish[done_at_prefill] = first[done_at_prefill]
         order = decoded[np.argsort(ready[measured][decoded], kind="stable")]
         early_late = (first + latency_s - sent > (ttft_bound_s or math.inf)) & ~warmup
