@@ -75,23 +75,11 @@ def memory_share(config: dict[str, Any], role: str) -> float:
     return float(config[f"{role}_memory_share"])
 
 
-def _only(spec: KnobRange | None) -> list[Any] | None:
-    """The values a categorical or fixed knob may take; None for a numeric range."""
-    if spec is None:
-        return None
-    if spec.value is not None:
-        return [spec.value]
-    return list(spec.choices) if spec.choices is not None else None
-
-
 def _lowest(spec: KnobRange | None) -> float | None:
     if spec is None:
         return None
-    if spec.value is not None:
-        return float(spec.value)
-    if spec.choices is not None:
-        return float(min(spec.choices))
-    return spec.low
+    listed = spec.listed()
+    return spec.low if listed is None else float(min(listed))
 
 
 def with_deployment(
@@ -102,7 +90,8 @@ def with_deployment(
     did not set searched (instance counts, prefill batch) or at the hardware's default (memory
     shares). `has_link`: the `hardware` profile states the link a KV cache moves over."""
     where = space.source
-    deployments = _only(space.ranges.get("deployment"))
+    spec = space.ranges.get("deployment")
+    deployments = None if spec is None else spec.listed()
     if space.engine not in KNOBS["deployment"].render:  # no KV transfer between its servers
         deployments = ["co-located"]
     if chips < 2 and deployments == ["disaggregated"]:
@@ -120,10 +109,7 @@ def with_deployment(
             )
         for name in DEPLOYMENT_KNOBS if chips < 2 else ROLE_KNOBS:
             space = space.drop(name, why)
-        return SearchSpace(
-            space.engine, space.ranges, space.notes, space.source, space.user_set,
-            space.hard_ends, chips,
-        )  # fmt: skip
+        return space.with_chips(chips)
     ranges = dict(space.ranges)
     defaults = {
         "deployment": KnobRange(choices=["co-located", "disaggregated"]),
@@ -134,9 +120,7 @@ def with_deployment(
     }
     for name, spec in defaults.items():
         ranges.setdefault(name, spec)
-    space = SearchSpace(
-        space.engine, ranges, space.notes, space.source, space.user_set, space.hard_ends, chips
-    )
+    space = space.with_chips(chips, ranges)
     _check_role_counts(ranges, chips, where)
     # The most prefill chips: what the fewest decode instances searched leave of the budget.
     decode_low = _lowest(ranges.get("decode_instances")) or 1

@@ -67,6 +67,13 @@ class KnobRange(BaseModel):
                 raise ValueError("a log range needs low > 0 and no step")
         return self
 
+    def listed(self) -> list[Any] | None:
+        """The values the knob may take when they are listed (a fixed value, or choices);
+        None for a numeric range."""
+        if self.value is not None:
+            return [self.value]
+        return list(self.choices) if self.choices is not None else None
+
 
 class SpaceFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -77,7 +84,7 @@ class SpaceFile(BaseModel):
 
 def _check_range(knob: Knob, spec: KnobRange, source: str) -> None:
     where = f"{source}: knobs.{knob.name}"
-    values = [spec.value] if spec.value is not None else spec.choices
+    values = spec.listed()
     if knob.kind == "categorical":
         allowed = list(knob.allowed or ())
         if values is None:
@@ -181,11 +188,9 @@ class SearchSpace:
         spec = self.ranges.get(name)
         if spec is None:
             return self
-        if spec.value is not None:
-            values = [spec.value]
-        elif spec.choices is not None:
-            values = list(spec.choices)
-        else:
+        values = spec.listed()
+        if values is None:
+            assert spec.low is not None and spec.high is not None, "a range has both ends"
             values = [v for v in allowed if spec.low <= v <= spec.high]
         kept = [v for v in values if v in allowed]
         if not kept:
@@ -242,6 +247,18 @@ class SearchSpace:
         space = self._with(ranges, [*self.notes, note])
         space.hard_ends["max_prefill_tokens.low"] = (need, f"the longest prompt is {need} tokens")
         return space
+
+    def with_chips(self, chips: int, ranges: dict[str, KnobRange] | None = None) -> SearchSpace:
+        """The space on a chip budget (search_spaces.deployment), with `ranges` if given."""
+        return SearchSpace(
+            self.engine,
+            self.ranges if ranges is None else ranges,
+            self.notes,
+            self.source,
+            self.user_set,
+            dict(self.hard_ends),
+            chips,
+        )
 
     def with_range(self, name: str, spec: KnobRange, note: str) -> SearchSpace:
         ranges = dict(self.ranges)

@@ -11,10 +11,9 @@ import optuna
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from objectives.scenario import Scenario
 from search_spaces.edges import range_edges
 from tuner.console import err, out
-from tuner.export import build_export, write_export
+from tuner.export import trial_export, write_export
 from tuner.front_table import front_table, snapshot_rows
 from tuner.ladder import print_quality
 from tuner.misses import closest_miss
@@ -36,18 +35,7 @@ EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was ex
 
 def export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, path: Path) -> None:
     """Write a trial's config as the YAML to deploy (`--export`)."""
-    scenario = Scenario.model_validate(study.user_attrs["scenario"])
-    exported = build_export(
-        study.study_name,
-        trial.number,
-        scenario.name,
-        scenario.sla.model_dump(),
-        study.user_attrs["identity"],
-        trial_knobs(study, trial),
-        dict(trial.user_attrs),
-        scenario.load.peak_rate,
-        workload=scenario.workload,
-    )
+    exported = trial_export(study, trial)
     write_export(path, exported)
 
 

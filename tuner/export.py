@@ -6,11 +6,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import optuna
 import yaml
+from optuna.trial import FrozenTrial
 from pydantic import BaseModel, ConfigDict
 
 import tuner
-from objectives.scenario import Workload
+from objectives.scenario import Scenario, Workload
 from objectives.userfile import load_yaml
 from search_spaces.deployment import deployment_label, is_disaggregated
 from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
@@ -18,6 +20,7 @@ from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
 from tuner.export_pd import pd_forms, replicated
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
+from tuner.study import trial_knobs
 
 
 class ExportedConfig(BaseModel):
@@ -184,6 +187,22 @@ def build_export(
             for key, value in metrics.items()
             if key not in NOT_EXPORTED and not key.startswith("quality_")
         },  # those are in `quality`
+    )
+
+
+def trial_export(study: optuna.Study, trial: FrozenTrial) -> ExportedConfig:
+    """A study's trial as the export holds it (`--export`, the report's raw YAML)."""
+    scenario = Scenario.model_validate(study.user_attrs["scenario"])
+    return build_export(
+        study.study_name,
+        trial.number,
+        scenario.name,
+        scenario.sla.model_dump(),
+        study.user_attrs["identity"],
+        trial_knobs(study, trial),
+        dict(trial.user_attrs),
+        scenario.load.peak_rate,
+        workload=scenario.workload,
     )
 
 

@@ -33,11 +33,7 @@ RUNNER_MEASURES = ("kl", "top1_agreement")
 def searched(space: SearchSpace, name: str, default: Any) -> list[Any] | None:
     """The values a categorical-like knob may take in the space (None: a numeric range)."""
     spec = space.ranges.get(name)
-    if spec is None:
-        return [default]
-    if spec.value is not None:
-        return [spec.value]
-    return list(spec.choices) if spec.choices is not None else None
+    return [default] if spec is None else spec.listed()
 
 
 @dataclass

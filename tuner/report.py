@@ -21,7 +21,7 @@ from objectives.userfile import InputError
 from search_spaces.deployment import deployment_label
 from search_spaces.knobs import DEPLOYMENTS
 from tuner import nightly as night
-from tuner.export import build_export
+from tuner.export import trial_export
 from tuner.ladder import ladder_rows
 from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
@@ -288,17 +288,7 @@ def build_html(study: optuna.Study, engine) -> str:
         _section("Study", summary + f"<pre>{html.escape(scenario_yaml)}</pre>"),
     ]
     if best is not None:
-        exported = build_export(
-            study.study_name,
-            best.number,
-            scenario.name,
-            scenario.sla.model_dump(),
-            study.user_attrs["identity"],
-            trial_knobs(study, best),
-            dict(best.user_attrs),
-            scenario.load.peak_rate,
-            workload=scenario.workload,
-        )
+        exported = trial_export(study, best)
         shown = {k: v for k, v in exported.document().items() if k != "metrics"}
         parts.append(
             _section(

@@ -36,7 +36,7 @@ from runners.sim.costs import CostModel
 from runners.sim.engine import Simulation
 from runners.sim.prefill_only import prefill_ends
 from runners.sim.profiles import LinkFigures
-from runners.sim.router import fleet_workload
+from runners.sim.router import fleet_window
 from runners.sim.scheduler import Scheduler
 from runners.workload import Requests, make_requests
 from search_spaces.deployment import Roles
@@ -137,10 +137,7 @@ class DisaggregatedSession:
         self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
     ) -> Measurement:
         chips = self.fleet.roles.chips
-        whole = fleet_workload(workload, chips).model_copy(
-            update={"num_requests": workload.num_requests * chips}
-        )
-        requests = make_requests(whole)
+        requests = make_requests(fleet_window(workload, chips))
         assert requests.arrival_s is not None, "SimRunner refuses closed loops disaggregated"
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
         try:
@@ -156,8 +153,7 @@ class DisaggregatedSession:
         n = len(requests)
         measured = np.arange(0, n, decodes)  # decode instance 0's requests
         sent = arrivals[measured]
-        latency = fleet.decode_cost.hardware.request_latency_ms
-        latency_s = latency.value / 1000 if latency is not None else 0.0
+        latency_s = fleet.decode_cost.hardware.request_latency_s
         out = requests.output_tokens[measured]
         warmup = np.arange(measured.size) < warmup_requests(measured.size)
         judged = np.zeros(n, bool)  # the measurement's p99 samples

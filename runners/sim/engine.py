@@ -51,8 +51,7 @@ class Simulation:
         self.cost, self.scheduler, self.block_tokens = cost, scheduler, block_tokens
         # Early rejection as the load generator does it: stop once the TTFT p99 bound is
         # certainly broken. The warm-up's requests are no p99 samples (runners.measurement).
-        latency = cost.hardware.request_latency_ms
-        self.latency_s = latency.value / 1000 if latency is not None else 0.0
+        self.latency_s = cost.hardware.request_latency_s
         self.ttft_bound_s = ttft_bound_s
         planned = len(requests)
         self.warmup = warmup_requests(planned)

@@ -40,8 +40,7 @@ def prefill_ends(
     at = arrivals.tolist()
     seats = min(scheduler.max_batch, scheduler.max_prefill_batch)
     budget = scheduler.max_prefill_tokens
-    latency = cost.hardware.request_latency_ms
-    latency_s = latency.value / 1000 if latency is not None else 0.0
+    latency_s = cost.hardware.request_latency_s
     breaking = p99_breaking_count(samples) if ttft_bound_s is not None else math.inf
     late = 0
     waiting: deque[int] = deque()

@@ -152,6 +152,13 @@ class HardwareProfile(BaseModel):
     # added to every request's first token and end, never occupying the engine.
     request_latency_ms: Figure | None = None
     kv_block_tokens: int = Field(128, ge=1)
+
+    @property
+    def request_latency_s(self) -> float:
+        """request_latency_ms in seconds; 0 when the profile states none."""
+        latency = self.request_latency_ms
+        return latency.value / 1000 if latency is not None else 0.0
+
     # What KV transfers between chips go over; None: no disaggregated deployment on it.
     kv_link: KVLink | None = None
 

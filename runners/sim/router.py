@@ -19,6 +19,14 @@ def fleet_workload(workload: Workload, chips: int) -> Workload:
     return workload.model_copy(update={"arrival": arrival.model_copy(update=update)})
 
 
+def fleet_window(workload: Workload, chips: int) -> Workload:
+    """The deployment's load over as long a span as one chip's window: `chips` times the rate
+    and `chips` times the requests."""
+    return fleet_workload(workload, chips).model_copy(
+        update={"num_requests": workload.num_requests * chips}
+    )
+
+
 def replica_requests(workload: Workload, replicas: int) -> Requests:
     """What one of `replicas` co-located replicas serves of the deployment's traffic: every
     replicas-th request of `replicas` times the per-chip load (identical replicas see alike
@@ -26,10 +34,7 @@ def replica_requests(workload: Workload, replicas: int) -> Requests:
     flight."""
     if replicas == 1 or workload.arrival.kind == "closed":
         return make_requests(workload)
-    fleet = fleet_workload(workload, replicas).model_copy(
-        update={"num_requests": workload.num_requests * replicas}
-    )
-    requests = make_requests(fleet)
+    requests = make_requests(fleet_window(workload, replicas))
     assert requests.arrival_s is not None, "an open loop has arrival times"
     arrivals = requests.arrival_s[::replicas]
     return Requests(

@@ -53,9 +53,7 @@ def _values(spec: KnobRange | None, default: Any) -> list[Any]:
     """A categorical (or fixed) knob's values in the space; the default when it is left out."""
     if spec is None:
         return [default]
-    if spec.value is not None:
-        return [spec.value]
-    return list(spec.choices or [spec.low, spec.high])
+    return spec.listed() or [spec.low, spec.high]
 
 
 class SimRunner:
