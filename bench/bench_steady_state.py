@@ -3,6 +3,12 @@ searched with the preset's 1,000 requests and with 4x and 16x as many, per seed,
 simulated cost of each trial.
 
     python bench/bench_steady_state.py [--seeds 3] [--precision 0.05] [--ttft-ms 500]
+    python bench/bench_steady_state.py --exports [--presets a,b] [--workdir DIR]
+
+--exports holds every preset's default export (`autotune --scenario P`, 50 trials on the
+simulator) to its claim (issue 28, item 1): a fixed load at the exported capacity over 16x the
+preset's requests must meet the SLA, and the capacity searched with 1x and 16x the requests
+must agree within 5%.
 
 Goal (issue 21, item 4): the horizons' capacities within ~3% of each other, a trial on the
 preset's horizon well under a second of simulation. At the default 5% precision a capacity is
@@ -14,15 +20,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from objectives.scenario import SLA, load_scenario
+from objectives.scenario import SLA, load_scenario, preset_names
+from objectives.scoring import constraint_values, is_feasible
 from runners.capacity import evaluate
+from runners.measurement import summarize
 from runners.sim.runner import DEFAULTS, SimRunner
+from tuner.export import load_export
 
 # The config issue 21 measured (the other knobs at the simulator's defaults).
 CONFIG = DEFAULTS | dict(
@@ -35,6 +46,58 @@ CONFIG = DEFAULTS | dict(
 )
 HORIZONS = (1, 4, 16)  # times the preset's num_requests
 GOAL = 0.03
+EXPORT_HORIZON = 16  # the long fixed load, in the preset's num_requests
+EXPORT_GOAL = 0.05
+
+
+def hold_exports(presets: list[str], workdir: Path) -> None:
+    """Each preset's default export held to its capacity (the module's --exports)."""
+    runner = SimRunner()
+    print(
+        f"{'preset':<19} {'export':<34} {'capacity':>8} {'served':>6} {'TPOT':>5} | "
+        f"{'16x fixed: TTFT p99':>19} {'TPOT p99':>8} {'served':>6} {'SLA':>4} | "
+        f"{'1x':>6} {'16x':>6} {'gap':>5}"
+    )
+    for name in presets:
+        export_path = workdir / f"{name}.yaml"
+        subprocess.run(
+            [sys.executable, "-m", "tuner", "--scenario", name, "--no-html", "--export",
+             str(export_path), "--storage", f"sqlite:///{workdir / 'studies.db'}"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        exported = load_export(export_path)
+        scenario = load_scenario(name)
+        config = DEFAULTS | exported.knobs
+        capacity = exported.capacity or {}
+        rate = capacity["rate"]
+        long = scenario.at_rate(rate).model_copy(
+            update={"num_requests": scenario.workload.num_requests * EXPORT_HORIZON}
+        )
+        with runner.session(config, long) as session:
+            held = summarize(session.measure(long, scenario.sla, False), scenario.sla)
+        meets = is_feasible(constraint_values(held, scenario.sla))
+        searched = {}
+        for factor in (1, EXPORT_HORIZON):
+            workload = scenario.workload.model_copy(
+                update={"num_requests": scenario.workload.num_requests * factor}
+            )
+            metrics = evaluate(runner, config, scenario.model_copy(update={"workload": workload}))
+            searched[factor] = metrics.metrics["capacity_rate"] or 0.0
+        gap = abs(searched[EXPORT_HORIZON] / searched[1] - 1) if searched[1] else float("inf")
+        knobs = exported.knobs
+        first = str(knobs.get("select_batch", "")).removesuffix("-first")
+        label = (
+            f"b{knobs.get('batch_size')} {first}"
+            f" {knobs.get('quantization')}/kv{knobs.get('kv_compression')}"
+        )
+        tpot = capacity.get("tpot_p99_ms")
+        print(
+            f"{name:<19} {label:<34} {rate:>8.2f} {capacity['requests_per_s']:>6.2f} "
+            f"{tpot or 0:>5.0f} | {held['ttft_p99_ms']:>19.0f} {held['tpot_p99_ms'] or 0:>8.0f} "
+            f"{held['delivered_share']:>6.1%} {'yes' if meets else 'NO':>4} | "
+            f"{searched[1]:>6.2f} {searched[EXPORT_HORIZON]:>6.2f} {gap:>5.1%}"
+            f"{'' if gap <= EXPORT_GOAL else ' (goal 5%)'}"
+        )
 
 
 def main() -> None:
@@ -42,7 +105,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--precision", type=float, default=0.05)
     parser.add_argument("--ttft-ms", type=float, default=None, help="another TTFT p99 bound")
+    parser.add_argument("--exports", action="store_true", help="hold every preset's export")
+    parser.add_argument("--presets", default=None, help="comma-separated (default: all)")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep studies and exports")
     args = parser.parse_args()
+    if args.exports:
+        presets = args.presets.split(",") if args.presets else preset_names()
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            hold_exports(presets, args.workdir)
+        else:
+            with tempfile.TemporaryDirectory() as workdir:
+                hold_exports(presets, Path(workdir))
+        return
     base = load_scenario("customer-service")
     if args.ttft_ms is not None:
         base = base.model_copy(update={"sla": SLA(ttft_p99_ms=args.ttft_ms)})

@@ -58,6 +58,10 @@ class TableEntry(_Strict):
     top1_agreement: Annotated[float, Field(ge=0, le=1)] | None = None
     source: Source  # required: a figure without its source cannot be weighed
     note: Annotated[str, Field(min_length=1)]  # required: the paper, table or command it comes from
+    # The quantization methods the figure was measured with (GPTQ-Int4 is not llama.cpp's Q4_0,
+    # nor INT8 SmoothQuant vLLM's fp8): an engine whose method is not listed runs on a borrowed
+    # figure, which the note then says.
+    methods: list[Annotated[str, Field(min_length=1)]] = []
 
     @model_validator(mode="after")
     def _has_a_figure(self):
@@ -75,7 +79,9 @@ class TableEntry(_Strict):
             kl=self.kl,
             top1_agreement=self.top1_agreement,
             source=self.source,
-            note=self.note,
+            note=f"{self.note} (measured with: {', '.join(self.methods)})"
+            if self.methods
+            else self.note,
         )
 
 

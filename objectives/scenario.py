@@ -145,6 +145,15 @@ class SLA(_Strict):
     def required_success_rate(self) -> float:
         return 1.0 if self.min_success_rate is None else self.min_success_rate
 
+    def describe(self) -> str:
+        """The bounds as a title states them: "TTFT p99 <= 500 ms, TPOT p99 <= 100 ms"."""
+        bounds = [f"TTFT p99 <= {self.ttft_p99_ms:g} ms"]
+        if self.tpot_p99_ms is not None:
+            bounds.append(f"TPOT p99 <= {self.tpot_p99_ms:g} ms")
+        if self.min_success_rate is not None:
+            bounds.append(f"success >= {self.min_success_rate:.3g}")
+        return ", ".join(bounds)
+
 
 class QualitySLO(_Strict):
     """How far a config may fall below the model's reference (bf16 weights, KV compression off).
@@ -242,20 +251,11 @@ class Scenario(_Strict):
                         f"load.{field} ({value:g}) must be a whole number: a closed loop's "
                         "rate is the number of requests in flight"
                     )
-        if self.load.mode == "capacity":
-            # A closed loop's default ceiling is num_requests, not a field the user set.
-            if self.closed_loop and self.load.max_rate is None and high <= nominal:
-                raise ValueError(
-                    f"workload.num_requests ({self.workload.num_requests}) must be above "
-                    f"workload.arrival.concurrency ({nominal:g}) for a capacity search: "
-                    "a closed loop never has more requests in flight than it sends "
-                    "(or set load.mode: fixed)"
-                )
-            if high <= low:
-                raise ValueError(
-                    f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) "
-                    "for a capacity search"
-                )
+        if self.load.mode == "capacity" and high <= low:
+            raise ValueError(
+                f"load.max_rate ({high:g}) must be above load.min_rate ({low:g}) "
+                "for a capacity search"
+            )
         return self
 
     @property
@@ -272,12 +272,8 @@ class Scenario(_Strict):
     def rate_bounds(self) -> tuple[float, float]:
         nominal = self.nominal_rate
         high = self.load.max_rate
-        if high is None:  # a closed loop cannot have more in flight than it has requests
-            high = (
-                max(nominal, min(nominal * 64, self.workload.num_requests))
-                if self.closed_loop
-                else nominal * 64
-            )
+        if high is None:  # a closed loop's window grows with it (runners.capacity)
+            high = nominal * 64
         low = self.load.min_rate
         if low is None:  # a closed loop keeps at least one request in flight
             low = (

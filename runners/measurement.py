@@ -15,6 +15,15 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   as long as the rest). They are served and count in throughput, goodput and the success
   rate, but not in the latency percentiles (TTFT, TPOT, E2EL; ITL gaps are not kept per
   request and cover every request) nor in early rejection's count of late requests.
+- delivered rate: the offered rate less the backlog's growth rate over the second half of the
+  measured window (from the first request after the warm-up to the last one sent): the backlog
+  is the requests sent and not yet successfully finished, taken at each send, its growth rate
+  their least-squares slope. The first half is left out because an engine that starts empty
+  fills up to its steady backlog (rate x latency) before it delivers what it is offered.
+  `delivered_share` is the delivered over the offered rate of that half: 1 when the engine
+  keeps up, below when its queue or running batch is still growing (runners.capacity requires
+  it within SUSTAIN_TOLERANCE of 1); None when the half holds fewer than
+  DELIVERED_MIN_SAMPLES sends.
 - TTFT trend: the Spearman rank correlation between the order of eight consecutive slices of
   the measured successful requests and their median TTFT (0 when the medians lie within 1% of
   each other); near 1 when the queue is still growing when the load ends (runners.capacity
@@ -43,6 +52,7 @@ WARMUP_SHARE = 0.1
 TREND_SLICES = 8  # fewer slices than this many samples each give no trend
 TREND_MIN_PER_SLICE = 10
 TREND_FLAT = 0.01  # slice medians this close (relative to their mean) have no trend
+DELIVERED_MIN_SAMPLES = 20
 
 
 def warmup_requests(planned: int) -> int:
@@ -154,6 +164,23 @@ def ttft_trend(ttft: np.ndarray) -> float | None:
     return float(np.corrcoef(ranks, np.arange(TREND_SLICES))[0, 1])
 
 
+def delivered(m: Measurement) -> tuple[float, float] | None:
+    """(offered, delivered) requests/s over the second half of the measured window, per chip;
+    None when that half is too short to tell (the module's definition)."""
+    if m.sent <= m.warmup:
+        return None
+    start, end = float(m.send_s[m.warmup]), float(m.send_s[-1])
+    half = np.nonzero(m.send_s >= (start + end) / 2)[0]
+    sends = m.send_s[half]
+    if half.size < DELIVERED_MIN_SAMPLES or sends[-1] <= sends[0]:
+        return None
+    finished = np.sort(np.where(m.ok.astype(bool), m.finish_s, np.inf))
+    backlog = half + 1 - np.searchsorted(finished, sends, side="right")
+    growth = float(np.polyfit(sends, backlog, 1)[0])
+    offered = (half.size - 1) / float(sends[-1] - sends[0])
+    return offered / m.chips, (offered - growth) / m.chips
+
+
 def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
     """Every metric of a measurement, flat, ready to store as trial user attributes."""
     ok = m.ok.astype(bool)
@@ -189,6 +216,9 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
         "offered_rps": float((m.sent - 1) / send_span / m.chips) if send_span > 0 else None,
         "peak_kv_usage": m.peak_kv_usage,
     }
+    rates = delivered(m)
+    metrics["delivered_rps"] = None if rates is None else rates[1]
+    metrics["delivered_share"] = None if rates is None else rates[1] / rates[0]
     metrics |= _percentiles("ttft", ttft, (50, 90, 99))
     metrics |= _percentiles("tpot", tpot, (50, 99))
     metrics |= _percentiles("e2el", e2el, (50, 99))

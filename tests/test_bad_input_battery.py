@@ -223,6 +223,8 @@ def _tiny_openai_runner(tmp: Path, scenario: Path, model: Path) -> list[str]:
     return [
         "--scenario",
         _scenario_with(tmp, scenario, lambda d: d.pop("quality", None)),
+        "--polish",
+        "0",
         "--runner",
         "openai",
         "--runner-config",
@@ -399,6 +401,7 @@ def test_two_first_runs_on_a_new_database_both_complete(
             str(tmp_path / f"best{i}.yaml"),
             "--no-html",
         ]
+        + ([] if worker else ["--polish", "0"])  # plain runs only: a worker does not polish
         for i in range(2)
     ]
     for result in _started_together(commands, tmp_path):

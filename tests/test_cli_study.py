@@ -22,6 +22,8 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
     result = run_autotune(
         "--scenario",
         str(scenario_file),
+        "--polish",
+        "0",
         "--trials",
         "8",
         "--storage",
@@ -121,10 +123,10 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
     assert exported.capacity["output_tokens_per_s"] == chosen.values[1] > 0
     assert exported.capacity["requests_per_s"] == chosen.user_attrs["capacity_rps"]
     assert (
-        exported.native["mindie"]["config_json"]["ScheduleConfig"]["maxBatchSize"]
+        exported.native["mindie"]["config_json"]["BackendConfig"]["ScheduleConfig"]["maxBatchSize"]
         == chosen.params["batch_size"]
     )
-    mindie = exported.native["mindie"]["config_json"]
+    mindie = exported.native["mindie"]["config_json"]["BackendConfig"]
     assert mindie["ScheduleConfig"] == render("mindie", exported.knobs)["config"]["ScheduleConfig"]
     # MindIE is started with its sequence and input limits sized to the scenario's longest request.
     workload = small_scenario().workload
@@ -141,6 +143,8 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
     again = run_autotune(
         "--scenario",
         str(scenario_file),
+        "--polish",
+        "0",
         "--trials",
         "3",
         "--storage",
@@ -184,6 +188,8 @@ def test_baseline_is_rerun_as_first_trial(tmp_path: Path, scenario_file: Path):
     first = run_autotune(
         "--scenario",
         str(scenario_file),
+        "--polish",
+        "0",
         "--trials",
         "4",
         "--storage",
@@ -199,6 +205,8 @@ def test_baseline_is_rerun_as_first_trial(tmp_path: Path, scenario_file: Path):
     second = run_autotune(
         "--scenario",
         str(scenario_file),
+        "--polish",
+        "0",
         "--trials",
         "2",
         "--storage",
@@ -249,6 +257,8 @@ def test_a_trial_keeps_the_knobs_it_ran_with_across_runs(tmp_path: Path, scenari
     first = run_autotune(
         "--scenario",
         str(scenario_file),
+        "--polish",
+        "0",
         "--trials",
         "2",
         "--storage",
@@ -263,6 +273,8 @@ def test_a_trial_keeps_the_knobs_it_ran_with_across_runs(tmp_path: Path, scenari
     second = run_autotune(
         "--scenario",
         str(scenario_file),
+        "--polish",
+        "0",
         "--trials",
         "2",
         "--storage",

@@ -168,7 +168,7 @@ def test_export_holds_the_arguments_the_engine_is_started_with(tmp_path: Path):
     assert exported.native["llamacpp"]["gguf_type"] == "Q8_0"
     assert not {"--host", "--port", "-m", "--alias"} & set(args)  # the deployer's own
     assert value("--max-model-len", exported.native["vllm"]["serve_args"]) == str(LONGEST_REQUEST)
-    assert exported.native["mindie"]["config_json"]["ModelDeployConfig"] == {
+    assert exported.native["mindie"]["config_json"]["BackendConfig"]["ModelDeployConfig"] == {
         "maxSeqLen": LONGEST_REQUEST,
         "maxInputTokenLen": LONGEST_PROMPT,
     }
@@ -190,4 +190,6 @@ def test_export_says_why_an_engine_cannot_run_the_config():
     forms = native_forms(knobs, engine_scenario().workload, "mindie", None)
     assert "longest request" in forms["vllm"]["not_expressible"]
     assert "no GGUF type for w8a16" in forms["llamacpp"]["not_expressible"]
-    assert forms["mindie"]["config_json"]["ScheduleConfig"]["maxPrefillTokens"] == 100
+    assert (
+        forms["mindie"]["config_json"]["BackendConfig"]["ScheduleConfig"]["maxPrefillTokens"] == 100
+    )

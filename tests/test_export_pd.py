@@ -153,7 +153,10 @@ def test_colocated_export_on_a_chip_budget_says_its_replicas(tmp_path: Path):
         assert form["replicas"] == CHIPS
         assert form["router"]["policy"] == "round-robin"
     # Each replica is today's single instance.
-    assert exported.native["mindie"]["config_json"]["ScheduleConfig"]["maxBatchSize"] == BATCH
+    assert (
+        exported.native["mindie"]["config_json"]["BackendConfig"]["ScheduleConfig"]["maxBatchSize"]
+        == BATCH
+    )
     assert _after("--max-num-seqs", exported.native["vllm"]["serve_args"]) == str(BATCH)
 
 

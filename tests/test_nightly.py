@@ -30,6 +30,8 @@ def _study(tmp_path: Path, scenario_file: Path) -> str:
     first = run_autotune(
         "--scenario",
         str(scenario_file),
+        "--polish",
+        "0",
         "--trials",
         "6",
         "--storage",

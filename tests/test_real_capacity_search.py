@@ -39,6 +39,8 @@ def test_a_miss_at_the_nominal_rate_is_complete_with_its_constraints(
     done = run_autotune(
         "--scenario",
         "scenario.yaml",
+        "--polish",
+        "0",
         "--runner",
         "llamacpp",
         "--runner-config",

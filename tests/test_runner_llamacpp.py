@@ -115,6 +115,8 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
     done = run_autotune(
         "--scenario",
         "scenario.yaml",
+        "--polish",
+        "0",
         "--runner",
         "llamacpp",
         "--runner-config",
@@ -192,6 +194,8 @@ def test_llama_server_started_from_an_export_serves_the_longest_request_on_every
     done = run_autotune(
         "--scenario",
         "scenario.yaml",
+        "--polish",
+        "0",
         "--runner",
         "llamacpp",
         "--runner-config",
@@ -364,6 +368,8 @@ def test_ctrl_c_stops_the_engine_and_keeps_finished_trials(
             "tuner",
             "--scenario",
             "scenario.yaml",
+            "--polish",
+            "0",
             "--runner",
             "llamacpp",
             "--runner-config",
@@ -438,6 +444,8 @@ def test_screen_sim_runs_only_the_simulators_picks_for_real(
     done = run_autotune(
         "--scenario",
         "scenario.yaml",
+        "--polish",
+        "0",
         "--runner",
         "llamacpp",
         "--runner-config",

@@ -22,6 +22,7 @@ from runners.served import load_settings
 from search_spaces.knobs import render
 from tests.conftest import small_scenario
 from tests.runner_contract import RunnerContract
+from tuner.export import native_forms
 
 INSTALLED = {  # the shape of MindIE 1.x's conf/config.json, trimmed
     "Version": "1.0.0",
@@ -241,3 +242,27 @@ def test_runner_config_file_is_validated(tmp_path):
     path.write_text("instal_dir: /opt/mindie\n")
     with pytest.raises(InputError, match=r"instal_dir: Extra inputs are not permitted"):
         load_settings(MindIESettings, path)
+
+
+def test_the_export_nests_as_the_runner_writes(mindie_install, tiny_model, tmp_path):
+    """MindIE 1.0 and later read ScheduleConfig and ModelDeployConfig under BackendConfig (the
+    installation's config.json here is in that form): the export's config_json, merged into the
+    installed file, must land where the runner's own rendering puts the knobs (issue 30, item
+    5; the export used to put them at the top level, where MindIE ignores them)."""
+    runner = _runner(mindie_install, tiny_model, tmp_path)
+    config = {
+        "batch_size": 24,
+        "select_batch": "decode-first",
+        "max_prefill_tokens": 4096,
+        "quantization": "bf16",
+        "kv_compression": 1.0,
+        "max_prefill_batch_size": 6,
+    }
+    workload = small_scenario(requests=40).workload
+    exported = native_forms(config, workload, "mindie", None, None)["mindie"]["config_json"]
+    sizes = (workload.longest_prompt, workload.longest_request)
+    rendered = runner.render_config(render("mindie", config), (9001, 9002, 9003), sizes)
+    assert set(exported) == {"BackendConfig"}
+    for section in ("ScheduleConfig", "ModelDeployConfig"):
+        for name, value in exported["BackendConfig"][section].items():
+            assert rendered["BackendConfig"][section][name] == value, (section, name)

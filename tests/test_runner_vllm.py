@@ -100,6 +100,8 @@ def vllm_study(vllm_python, tiny_model, tmp_path_factory) -> Path:
     done = run_autotune(
         "--scenario",
         "scenario.yaml",
+        "--polish",
+        "0",
         "--runner",
         "vllm",
         "--runner-config",

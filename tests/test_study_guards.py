@@ -134,6 +134,25 @@ def test_a_study_recorded_before_a_scenario_field_existed_resumes(tmp_path: Path
     )  # before success_rate was a constraint
     study.tell(trial, [100.0, 1000.0])
     with pytest.raises(
-        InputError, match="carry the constraints ttft_p99, not ttft_p99, success_rate"
+        InputError,
+        match="carry the constraints ttft_p99, not ttft_p99, tpot_p99, success_rate, sustained",
     ):
         create_study(storage, "old", optuna.samplers.RandomSampler(), scenario, identity)
+
+
+def test_a_study_refuses_another_chip_budget(tmp_path: Path):
+    """`--study X --chips 4` must not join a one-chip study X (its throughputs are one
+    instance's, not per chip of a deployment), nor the reverse (issue 30, item 2)."""
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    scenario = small_scenario()
+    one_chip = SimRunner().identity()
+    assert "chips" not in one_chip
+    create_study(storage, "one", sampler, scenario, one_chip)
+    with pytest.raises(InputError, match="measured with chips 1, not chips 4"):
+        create_study(storage, "one", sampler, scenario, one_chip | {"chips": "4"})
+    create_study(storage, "four", sampler, scenario, one_chip | {"chips": "4"})
+    with pytest.raises(InputError, match="measured with chips 4, not chips 1"):
+        create_study(storage, "four", sampler, scenario, one_chip)
+    with pytest.raises(InputError, match="measured with chips 4, not chips 2"):
+        create_study(storage, "four", sampler, scenario, one_chip | {"chips": "2"})

@@ -12,7 +12,7 @@ import optuna
 
 from objectives.userfile import InputError
 from tuner import __version__
-from tuner.cli_options import tune_options
+from tuner.cli_options import tune_options, worker_options
 from tuner.cli_run import finish, tune
 from tuner.console import err
 from tuner.nightly_command import nightly_cmd
@@ -34,28 +34,32 @@ def _interrupt_on_sigterm() -> None:
 @tune_options
 @click.version_option(__version__, prog_name="autotune")
 @click.pass_context
-def cli(ctx, trials, timeout_s, export_path, html_path, no_html, **options):
+def cli(ctx, trials, timeout_s, polish_trials, export_path, html_path, no_html, **options):
     """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`.
 
-    --trials is the number of trials this run adds to the study.
+    --trials is the number of trials this run adds to the study; --polish trials follow them.
     """
     if ctx.invoked_subcommand is not None:
         return
     outputs = report_outputs(export_path, html_path, no_html)
     prepared = prepare(trials=trials, outputs=outputs, **options)
-    finish(prepared, tune(prepared, trials, timeout_s), outputs)
+    finish(prepared, tune(prepared, trials, timeout_s, polish_trials=polish_trials), outputs)
 
 
 @cli.command()
-@tune_options
+@worker_options
 def worker(trials, timeout_s, export_path, html_path, no_html, **options):
     """One of many workers sharing a study (e.g. one per host on PostgreSQL).
 
-    --trials is the total for the study: all workers together run exactly that many.
+    --trials is the total for the study: all workers together run exactly that many. Workers do
+    not polish (they would measure the same neighbours side by side): a plain `autotune` run on
+    the study afterwards does.
     """
     outputs = report_outputs(export_path, html_path, no_html)
     prepared = prepare(trials=trials, outputs=outputs, **options)
-    finish(prepared, tune(prepared, trials, timeout_s, study_total=trials), outputs)
+    finish(
+        prepared, tune(prepared, trials, timeout_s, study_total=trials, polish_trials=0), outputs
+    )
 
 
 for command in (

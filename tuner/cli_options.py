@@ -66,6 +66,21 @@ TUNE_OPTIONS = {
         help="YAML narrowing the knob ranges",
     ),
     "trials": click.option("--trials", type=flags.COUNT, default=50, show_default=True),
+    "polish": click.option(
+        "--polish",
+        "polish_trials",
+        type=flags.POLISH,
+        default=None,
+        help="trials measuring the pick's one-knob neighbours before the export (default: 60 on "
+        "the simulator, 12 on real engines; 0: none)",
+    ),
+    "chip_cost_per_hour": click.option(
+        "--chip-cost-per-hour",
+        type=flags.PRICE,
+        default=None,
+        help="a chip's price per hour (any currency): the front, export and report show the "
+        "cost per million output tokens at capacity and, with peak_rate, the fleet's per hour",
+    ),
     "timeout": click.option(
         "--timeout", "timeout_s", type=flags.SECONDS, help="stop starting trials after S seconds"
     ),
@@ -157,7 +172,12 @@ def tune_options(f: F, leave_out: tuple[str, ...] = ()) -> F:
 
 def nightly_options(f: F) -> F:
     """The tuning options less --trials and --baseline: a night has a --budget and an incumbent."""
-    return tune_options(f, leave_out=("trials", "baseline"))
+    return tune_options(f, leave_out=("trials", "baseline", "polish"))
+
+
+def worker_options(f: F) -> F:
+    """The tuning options less --polish (tuner.cli.worker says why)."""
+    return tune_options(f, leave_out=("polish",))
 
 
 def storage_option(f: F) -> F:

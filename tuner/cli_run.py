@@ -13,10 +13,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from search_spaces.edges import range_edges
 from tuner.console import err, out
+from tuner.cost import CHIP_COST_ATTR
 from tuner.export import trial_export, write_export
 from tuner.front_table import front_table, snapshot_rows
 from tuner.ladder import print_quality
 from tuner.misses import closest_miss
+from tuner.polish import REAL_POLISH_TRIALS, SIM_POLISH_TRIALS, refine_and_polish
 from tuner.prepare import Prepared
 from tuner.report import deployment_comparison, write_report
 from tuner.storage import latest_snapshot
@@ -52,8 +54,14 @@ def _progress_text(reports: list[TrialReport]) -> str:
 
 
 def tune(
-    p: Prepared, trials: int, timeout_s: float | None, study_total: int | None = None
+    p: Prepared,
+    trials: int,
+    timeout_s: float | None,
+    study_total: int | None = None,
+    polish_trials: int | None = 0,
 ) -> list[TrialReport]:
+    """The study's trials, then (`polish_trials`, None for the runner's default) the pick's
+    one-knob neighbourhood (tuner.polish)."""
     for note in p.space.notes:
         err.print(f"[dim]note: {escape(note)}[/dim]")
     if all(dist.single() for dist in p.space.distributions().values()) and trials > 1:
@@ -67,19 +75,29 @@ def tune(
         f"sampler {escape(p.sampler)}"
     )  # the sampler's hint names pip's extra: '.[gp]' is no markup
     columns = (
-        TextColumn("trial"),
+        TextColumn("{task.fields[phase]}"),
         MofNCompleteColumn(),
         BarColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.description}"),
     )
     with Progress(*columns, console=err, transient=False) as progress:
-        task = progress.add_task("best feasible: none yet", total=trials)
+        task = progress.add_task("best feasible: none yet", total=trials, phase="trial")
 
         def on_trial(report: TrialReport) -> None:
             progress.update(task, advance=1, description=_progress_text(run.reports))
 
         optimize(run, trials, timeout_s, on_trial, study_total)
+        budget = polish_trials
+        if budget is None:
+            budget = SIM_POLISH_TRIALS if p.runner.name == "sim" else REAL_POLISH_TRIALS
+        summary = None
+        if budget and trials > 1:
+            task = progress.add_task("", total=budget, phase="polish")
+            summary = refine_and_polish(run, budget, on_trial)
+            progress.update(task, total=progress.tasks[task].completed)
+    if summary is not None:
+        err.print(summary, markup=False, soft_wrap=True)
     return run.reports
 
 
@@ -106,11 +124,11 @@ def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) ->
     }
     out.print(
         front_table(
-            f"SLA-feasible Pareto front of {study.study_name} "
-            f"(TTFT p99 <= {scenario.sla.ttft_p99_ms:g} ms)",
+            f"SLA-feasible Pareto front of {study.study_name} ({scenario.sla.describe()})",
             snapshot_rows(snap),
             snap.best_trial,
             scenario,
+            study.user_attrs.get(CHIP_COST_ATTR),
         )
     )
     slo = " and the quality SLO" if scenario.quality else ""

@@ -17,6 +17,7 @@ from objectives.userfile import load_yaml
 from search_spaces.deployment import deployment_label, is_disaggregated
 from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
+from tuner.cost import CHIP_COST_ATTR, cost_figures
 from tuner.export_pd import pd_forms, replicated
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
@@ -48,6 +49,8 @@ class ExportedConfig(BaseModel):
     native: dict[str, Any]
     # what one instance (with a chip budget: one chip) sustains within the SLA
     capacity: dict[str, Any] | None = None
+    # With --chip-cost-per-hour: the chip's price and tuner.cost's figures at capacity.
+    cost: dict[str, Any] | None = None
     quality: dict[str, Any] | None = (
         None  # what the precision and KV setting cost in accuracy, and its source
     )
@@ -67,11 +70,13 @@ def _mindie_form(
     knobs: dict[str, Any], workload: Workload, ran: list[str] | None
 ) -> dict[str, Any]:
     mindie = render("mindie", knobs)
-    config = mindie.get("config", {}) | {
+    backend = mindie.get("config", {}) | {
         "ModelDeployConfig": mindie_model_deploy(workload.longest_prompt, workload.longest_request)
     }
     return {
-        "config_json": config,
+        # MindIE 1.0 and later read these under BackendConfig (as the runner writes them): at
+        # the top level a pasted conf/config.json would be ignored.
+        "config_json": {"BackendConfig": backend},
         "weights_precision": mindie.get("weights", "bf16"),
         **({"env": mindie["env"]} if "env" in mindie else {}),
     }
@@ -139,9 +144,12 @@ def capacity_summary(metrics: dict[str, Any], peak_rate: float | None) -> dict[s
     summary = {
         "rate": metrics["capacity_rate"],
         "rate_unit": metrics.get("capacity_rate_unit", "req/s"),
+        # offered: the rate of the load that met every SLO; delivered: what it served
         "requests_per_s": metrics["capacity_rps"],
+        "delivered_share": metrics.get("capacity_delivered_share"),
         "output_tokens_per_s": metrics["capacity_output_tokens_per_s"],
         "ttft_p99_ms": metrics.get("capacity_ttft_p99_ms"),
+        "tpot_p99_ms": metrics.get("capacity_tpot_p99_ms"),
         "at_ceiling": metrics.get("capacity_at_ceiling", False),
         "time_limited": metrics.get("capacity_time_limited", False),
     }
@@ -161,6 +169,7 @@ def build_export(
     peak_rate: float | None = None,
     *,
     workload: Workload,
+    chip_cost_per_hour: float | None = None,
 ) -> ExportedConfig:
     """`metrics` are the trial's attributes: its measurements and the engine arguments it ran
     with. `identity` holds "chips" for a study on a chip budget."""
@@ -181,6 +190,11 @@ def build_export(
         knobs=knobs,
         native=native_forms(knobs, workload, identity["engine"], metrics.get("engine_args"), chips),
         capacity=capacity_summary(metrics, peak_rate),
+        cost=(
+            {"chip_per_hour": chip_cost_per_hour} | cost_figures(metrics, chip_cost_per_hour)
+            if chip_cost_per_hour is not None
+            else None
+        ),
         quality=quality_summary(metrics),
         metrics={
             key: value
@@ -203,6 +217,7 @@ def trial_export(study: optuna.Study, trial: FrozenTrial) -> ExportedConfig:
         dict(trial.user_attrs),
         scenario.load.peak_rate,
         workload=scenario.workload,
+        chip_cost_per_hour=study.user_attrs.get(CHIP_COST_ATTR),
     )
 
 

@@ -29,3 +29,5 @@ COUNT = click.IntRange(1, MAX_COUNT)
 SEED = click.IntRange(0, 2**32 - 1)  # numpy's seed range, which every Optuna sampler uses
 SECONDS = FiniteRange(min=0, min_open=True)
 HEARTBEAT_SECONDS = click.IntRange(1, MAX_HEARTBEAT_S)
+PRICE = FiniteRange(min=0, min_open=True, max=1e9)  # per chip-hour, any currency
+POLISH = click.IntRange(0, MAX_COUNT)

@@ -10,12 +10,17 @@ from rich.table import Table
 from objectives.scenario import Scenario
 from objectives.scoring import throughput_label
 from search_spaces.deployment import deployment_label
+from tuner.cost import cost_figures
 from tuner.quality import describe_figures, quality_summary
 from tuner.storage import ParetoSnapshot
 
 
 def front_table(
-    title: str, rows: list[dict[str, Any]], best: int | None, scenario: Scenario
+    title: str,
+    rows: list[dict[str, Any]],
+    best: int | None,
+    scenario: Scenario,
+    chip_cost_per_hour: float | None = None,
 ) -> Table:
     """One row per member (snapshot_rows), the exported one (`best`) starred. Rows of a study on
     a chip budget carry their deployment ("deploy": co-located, or xPyD), and their throughputs
@@ -32,15 +37,28 @@ def front_table(
         throughput_label(scenario) + per_chip,
     ]
     if capacity:
-        columns.append("capacity " + ("in flight" if scenario.closed_loop else "req/s") + per_chip)
+        columns.append(
+            "capacity in flight"
+            if scenario.closed_loop
+            else "capacity req/s\noffered/served" + per_chip.replace("\n", " ")
+        )
     if capacity and peak:
         columns.append(f"instances @{peak:g}/s")
+    if chip_cost_per_hour is not None:
+        columns.append(f"cost per\nM out tok @{chip_cost_per_hour:g}/h")
     if deployed:
         columns.append("deploy")
     columns += ["batch", "first", "prefill tok", "quant", "kv", "quality", "p99 n"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
+    shown, alike = _collapse_ties(rows, best)
+    if alike:
+        table.caption = "alike (the same TTFT p99 and throughput as shown): " + "; ".join(
+            f"trial {kept} and {', '.join(map(str, others))}" for kept, others in alike.items()
+        )
     for row, label in zip(rows, labels, strict=True):
+        if row["trial"] not in shown:
+            continue
         p, m = row["params"], row["metrics"]
         cells = [
             f"{row['trial']}{' *' if row['trial'] == best else ''}",
@@ -48,13 +66,21 @@ def front_table(
             f"{row['output_tokens_per_s']:.0f}",
         ]
         if capacity:
-            # measured requests/s at capacity (what sizes the fleet), or requests in flight
-            rate = m.get("capacity_rate") if scenario.closed_loop else m.get("capacity_rps") or None
-            cells.append(
-                "-" if rate is None else f"{rate:.3g}{'+' if m.get('capacity_at_ceiling') else ''}"
-            )
+            # the rate offered at capacity and the requests/s served there (what sizes the
+            # fleet), or requests in flight
+            offered, served = m.get("capacity_rate"), m.get("capacity_rps")
+            ceiling = "+" if m.get("capacity_at_ceiling") else ""
+            if offered is None:
+                cells.append("-")
+            elif scenario.closed_loop:
+                cells.append(f"{offered:.3g}{ceiling}")
+            else:
+                cells.append(f"{offered:.3g}{ceiling} / {served:.3g}")
         if capacity and peak:
             cells.append(str(m.get("instances_for_peak") or "-"))
+        if chip_cost_per_hour is not None:
+            per_token = cost_figures(m, chip_cost_per_hour).get("per_million_output_tokens")
+            cells.append("-" if per_token is None else f"{per_token:.3g}")
         if deployed:
             cells.append(label or "-")
         cells += [
@@ -68,6 +94,25 @@ def front_table(
         ]
         table.add_row(*cells)
     return table
+
+
+def _collapse_ties(
+    rows: list[dict[str, Any]], best: int | None
+) -> tuple[set[int], dict[int, list[int]]]:
+    """One row per TTFT p99 and throughput as the table shows them (ties are configs that differ
+    in knobs that did not matter): the trials kept, the exported one where it is among them, and
+    each kept trial's alike ones."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        key = (f"{row['ttft_p99_ms']:.1f}", f"{row['output_tokens_per_s']:.0f}")
+        groups.setdefault(key, []).append(row["trial"])
+    shown, alike = set(), {}
+    for trials in groups.values():
+        kept = best if best in trials else trials[0]
+        shown.add(kept)
+        if len(trials) > 1:
+            alike[kept] = [t for t in trials if t != kept]
+    return shown, alike
 
 
 def snapshot_rows(snap: ParetoSnapshot) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from objectives.scenario import Scenario
 from objectives.scoring import is_feasible, meets_sla, quality_constraint_values, throughput_label
 from runners.quality import quality_pair
 from tuner.console import out
+from tuner.polish import trials_to_compare
 from tuner.quality import EXCLUDED, QualityBook, describe_figures, trial_figures
 from tuner.study import trial_knobs
 
@@ -83,9 +84,12 @@ def ladder_rows(study: optuna.Study) -> tuple[list[str], list[list[str]]]:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     head = [h.format(throughput=throughput_label(scenario)) for h in LADDER_HEAD]
     rows = []
+    needed = trials_to_compare(study, ("quantization", "kv_compression"))
     for rung in ladder(study):
         if rung.trials == 0:
             found = "not searched (fails the quality SLO)"
+        elif rung.trials < needed:
+            found = f"not compared ({rung.trials} trial{'s' if rung.trials > 1 else ''})"
         elif rung.throughput is None:
             found = f"none of {rung.trials} trials met the SLA"
         else:

@@ -16,6 +16,7 @@ from runners.base import Runner
 from runners.registry import CHIP_BUDGET_RUNNERS, RUNNERS
 from search_spaces.deployment import with_deployment
 from search_spaces.space import KnobRange, SearchSpace, parse_config
+from tuner.cost import CHIP_COST_ATTR
 from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
 from tuner.quality import EXCLUDED, QualityBook
@@ -116,6 +117,7 @@ def prepare(
     quality_prompts_path: Path | None = None,
     before_writes: Callable[[optuna.storages.RDBStorage, str], None] | None = None,
     chips: int = 1,
+    chip_cost_per_hour: float | None = None,
 ) -> Prepared:
     """Validate every input and output before anything is written, then open (or resume) the study.
     `before_writes(storage, study name)` runs once the storage is open, before the study is written
@@ -195,6 +197,8 @@ def prepare(
         space = kept
         study.sampler = make_sampler(sampler, seed, space, trials, simulated)
     study.set_user_attr("fixed_knobs", space.fixed())
+    if chip_cost_per_hour is not None:  # the latest price: the front and exports show it
+        study.set_user_attr(CHIP_COST_ATTR, chip_cost_per_hour)
     study.set_user_attr(EXCLUDED, quality.excluded)
     book = quality.book(study, runner)
     if baseline is not None:

@@ -21,10 +21,12 @@ from objectives.userfile import InputError
 from search_spaces.deployment import deployment_label
 from search_spaces.knobs import DEPLOYMENTS
 from tuner import nightly as night
+from tuner.cost import CHIP_COST_ATTR, cost_figures, describe_cost
 from tuner.export import trial_export
 from tuner.ladder import ladder_rows
 from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
+from tuner.polish import trials_to_compare
 from tuner.quality import describe_figures
 from tuner.report_plots import (
     KNOB_COLUMNS,
@@ -82,6 +84,10 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
         ],
         ["quality source", attrs.get("quality_note", "-")],
     ]
+    price = study.user_attrs.get(CHIP_COST_ATTR)
+    costs = describe_cost(cost_figures(attrs, price))
+    if costs:
+        rows.append(["cost", f"{costs} (a chip at {price:g} per hour)"])
     return _table(rows, ["", "the recommended config"])
 
 
@@ -145,6 +151,23 @@ def deployment_comparison(study: optuna.Study, scenario: Scenario) -> str | None
     best = best_by_deployment(study, scenario)
     if best is None:
         return None
+    searched = {
+        name: sum(
+            1
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if trial_knobs(study, t).get("deployment") == name
+        )
+        for name in DEPLOYMENTS
+    }
+    needed = trials_to_compare(study, ("deployment",))
+    thin = {name: n for name, n in searched.items() if n < needed}
+    if thin:
+        chips = study.user_attrs["identity"].get("chips", "?")
+        return (
+            f"On {chips} chips, co-located and disaggregated: not compared ("
+            + ", ".join(f"{name} {n} trial{'s' if n != 1 else ''}" for name, n in thin.items())
+            + f"; each needs {needed})"
+        )
     contenders = [(name, t) for name, t in best.items() if t is not None]
     if len(contenders) < 2:
         return None

@@ -16,6 +16,7 @@ from tuner import nightly as night
 from tuner.cli_options import storage_option
 from tuner.cli_run import export_trial
 from tuner.console import out
+from tuner.cost import CHIP_COST_ATTR
 from tuner.front_table import front_table, snapshot_rows
 from tuner.prepare import check_outputs
 from tuner.report import write_report
@@ -116,7 +117,11 @@ def pareto(storage, study_name, as_json):
         scenario = Scenario.model_validate(study.user_attrs["scenario"])
         out.print(
             front_table(
-                f"SLA-feasible Pareto front of {study.study_name}", rows, snap.best_trial, scenario
+                f"SLA-feasible Pareto front of {study.study_name}",
+                rows,
+                snap.best_trial,
+                scenario,
+                study.user_attrs.get(CHIP_COST_ATTR),
             )
         )
 

@@ -14,8 +14,9 @@ from objectives.userfile import InputError
 
 # What a trial's numbers depend on: a study keeps them, and refuses a scenario that changed them.
 SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance", "quality")
-# Of a study's identity: what its trials were measured with.
-MEASURED_BY = ("runner", "engine", "model")
+# Of a study's identity: what its trials were measured with. The chip budget too: a one-chip
+# trial's throughput is one instance's, a budget's is per chip of a deployment (absent: one).
+MEASURED_BY = ("runner", "engine", "model", "chips")
 
 
 def check_comparable(
@@ -42,17 +43,22 @@ def _check_scenario(name: str, study: optuna.Study, scenario: Scenario) -> None:
 
 
 def _check_identity(name: str, recorded: dict[str, str] | None, current: dict[str, str]) -> None:
-    """A study's trials are comparable only when measured by the same runner, engine and model
-    (simulated and real trials must never mix), and on the simulator the same hardware profile.
+    """A study's trials are comparable only when measured by the same runner, engine, model and
+    chip budget (simulated and real trials must never mix), and on the simulator the same
+    hardware profile.
     A real engine's hardware is a label, by default each host's name: workers on several hosts
     of one kind share a study, so it is not compared."""
     if recorded is None:  # a new study: nothing measured yet
         return
     keys = MEASURED_BY + (("hardware",) if current["runner"] == "sim" else ())
-    changed = [key for key in keys if recorded.get(key) != current.get(key)]
+
+    def value(identity: dict[str, str], key: str) -> str | None:
+        return identity.get(key, "1" if key == "chips" else None)  # one chip is unrecorded
+
+    changed = [key for key in keys if value(recorded, key) != value(current, key)]
     if changed:
-        was = ", ".join(f"{key} {recorded.get(key)}" for key in changed)
-        now = ", ".join(f"{key} {current.get(key)}" for key in changed)
+        was = ", ".join(f"{key} {value(recorded, key)}" for key in changed)
+        now = ", ".join(f"{key} {value(current, key)}" for key in changed)
         raise InputError(
             f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
             "compared, so give a new --study name"

@@ -1,0 +1,87 @@
+"""Comparisons searched on both sides (issue 28, item 3), ties collapsed in the front, and the
+answer in money (item 7): a real study on the simulator through the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import yaml
+
+from runners.quality import quality_pair
+from tests.conftest import run_autotune
+from tuner.polish import MIN_ARM_TRIALS
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    (name,) = optuna.get_all_study_names(f"sqlite:///{tmp_path / 'studies.db'}")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'studies.db'}")
+
+
+def test_every_admitted_pair_is_searched_from_the_best_config(tmp_path: Path, scenario_file):
+    """Six trials leave most precision and KV pairs unvisited; the arms' refinement measures
+    each admitted pair with the best config's other knobs (a controlled trial) and polishes it,
+    so the ladder's every admitted row stands on MIN_ARM_TRIALS trials or more."""
+    result = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "6", "--polish", "60", "--no-html",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    study = _study(tmp_path)
+    pairs = {quality_pair(t.params) for t in study.trials}
+    excluded = {quality_pair(p) for p in study.user_attrs.get("quality_excluded", [])}
+    admitted = {(q, kv) for q in ("bf16", "w8a16", "w8a8") for kv in (1.0, 0.5)} - excluded
+    assert admitted <= pairs
+    for pair in admitted:
+        n = sum(1 for t in study.trials if quality_pair(t.params) == pair)
+        assert n >= MIN_ARM_TRIALS, (pair, n)
+    assert "not compared" not in result.stdout
+
+
+def test_a_pair_searched_too_little_is_not_compared(tmp_path: Path, scenario_file):
+    result = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "3", "--polish", "0", "--no-html",
+        "--sampler", "random", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode in (0, 3), result.stderr
+    assert "not compared (1 trial)" in result.stdout or "not compared (2 trials)" in result.stdout
+
+
+def test_the_cost_per_million_tokens_follows_the_price(tmp_path: Path, scenario_file):
+    """A chip at 3 per hour serving T output tokens/s costs 3 / (T * 3600) per token."""
+    result = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "4", "--polish", "0", "--no-html",
+        "--chip-cost-per-hour", "3", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    exported = yaml.safe_load((tmp_path / "best-config.yaml").read_text())
+    tokens_per_s = exported["capacity"]["output_tokens_per_s"]
+    assert exported["cost"]["chip_per_hour"] == 3
+    assert abs(exported["cost"]["per_million_output_tokens"] - 3e6 / (tokens_per_s * 3600)) < 1e-9
+    assert "M out tok @3/h" in result.stdout
+
+
+def test_a_bad_price_is_refused(tmp_path: Path, scenario_file):
+    for price in ("0", "-1", "nan", "lots"):
+        result = run_autotune(
+            "--scenario", str(scenario_file), "--chip-cost-per-hour", price, cwd=tmp_path
+        )
+        assert result.returncode == 2
+        assert "--chip-cost-per-hour" in result.stderr
+    assert not (tmp_path / "studies.db").exists()
+
+
+def test_the_front_collapses_ties(tmp_path: Path, scenario_file):
+    """Polish measures neighbours that change knobs of no consequence (a prefill batch bound
+    never reached): they read the same, and the front shows one row with the rest named."""
+    result = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "10", "--no-html", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    study = _study(tmp_path)
+    front = result.stdout.split("Pareto front", 1)[1].split("└", 1)[0]
+    rows = [line for line in front.splitlines() if line.startswith("│")]
+    alike = {(f"{t.values[0]:.1f}", f"{t.values[1]:.0f}") for t in study.best_trials}
+    assert len(rows) == len(alike)
+    if len(study.best_trials) > len(alike):
+        assert "alike (the same TTFT p99 and throughput as shown): trial" in result.stdout

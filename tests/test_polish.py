@@ -1,0 +1,123 @@
+"""Polish (issue 28, item 4): no export that changing one knob beats. The neighbourhood's
+construction as pure logic; then a real study on the simulator whose only trial is a planted
+bf16 config: w8a8 with the same other knobs halves the weight bytes every decode step reads,
+so its one-knob neighbour must replace it, and the pick polish ends on has no measured
+neighbour that the pick rule prefers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from runners.sim.runner import SimRunner
+from search_spaces.space import SearchSpace
+from tests.conftest import run_autotune, small_scenario
+from tuner.polish import NUMERIC_LOG_STEP, _steps, neighbours, polish
+from tuner.storage import open_storage
+from tuner.study import StudyRun, best_trial, create_study, optimize
+
+
+def test_a_categorical_knob_steps_to_each_other_value():
+    dist = CategoricalDistribution(["bf16", "w8a8", "w8a16"])
+    assert _steps(dist, "w8a8") == ["bf16", "w8a16"]
+
+
+def test_a_log_knob_steps_by_its_factor_and_stays_in_range():
+    dist = IntDistribution(1, 256, log=True)
+    assert _steps(dist, 100) == [80, 125]  # 100 / 1.25, 100 * 1.25
+    assert _steps(dist, 256) == [round(256 / NUMERIC_LOG_STEP)]  # nothing above the range
+    assert _steps(dist, 1) == [2]  # 1 * 1.25 rounds back onto 1: one step up instead
+
+
+def test_a_linear_knob_steps_by_a_sixth_of_its_range_on_its_grid():
+    dist = IntDistribution(1024, 16384, step=512)
+    # (16384 - 1024) / 6 = 2560, a multiple of the step already
+    assert _steps(dist, 8192) == [8192 - 2560, 8192 + 2560]
+    assert _steps(FloatDistribution(0.5, 1.0, step=0.5), 0.5) == [1.0]
+
+
+def test_neighbours_change_one_knob_each_and_leave_a_co_located_picks_role_knobs():
+    space = SearchSpace.load("mindie").with_chips(4)
+    params = {name: _first(dist) for name, dist in space.distributions().items()}
+    params["deployment"] = "co-located"
+    found = neighbours(space, params)
+    assert found
+    for neighbour in found:
+        changed = [name for name in params if neighbour[name] != params[name]]
+        assert len(changed) == 1
+        assert changed[0] not in ("prefill_instances", "prefill_batch_size")
+
+
+def _first(dist):
+    return dist.choices[0] if isinstance(dist, CategoricalDistribution) else dist.low
+
+
+def _planted_study(tmp_path: Path) -> StudyRun:
+    scenario = small_scenario(requests=300)
+    runner = SimRunner()
+    space = SearchSpace.load("mindie").fit_workload(scenario.workload)
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = create_study(
+        storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
+    )
+    planted = {
+        "batch_size": 64,
+        "select_batch": "decode-first",
+        "max_prefill_tokens": 8192,
+        "quantization": "bf16",
+        "kv_compression": 1.0,
+        "max_prefill_batch_size": 8,
+    }
+    dists = space.distributions()
+    study.enqueue_trial({name: value for name, value in planted.items() if name in dists})
+    run = StudyRun(study, scenario, space, runner, storage)
+    optimize(run, 1, None)
+    return run
+
+
+def test_a_planted_better_neighbour_replaces_the_pick(tmp_path: Path):
+    run = _planted_study(tmp_path)
+    first = best_trial(run.study, run.scenario)
+    assert first is not None and first.params["quantization"] == "bf16"
+    result = polish(run, 60)
+    assert result.trials > 0 and result.changes
+    pick = best_trial(run.study, run.scenario)
+    assert pick is not None and pick.params["quantization"] != "bf16"
+    assert "quantization bf16 ->" in result.changes[0]
+    # Where polish stopped with budget left, every neighbour of the pick was measured and none
+    # is preferred to it.
+    if result.trials < 60:
+        measured = [t.params for t in run.study.trials]
+        assert all(n in measured for n in neighbours(run.space, pick.params))
+
+
+def test_polish_measures_nothing_twice(tmp_path: Path):
+    run = _planted_study(tmp_path)
+    polish(run, 30)
+    before = len(run.study.trials)
+    params = [tuple(sorted(t.params.items())) for t in run.study.trials]
+    assert len(params) == len(set(params))
+    # A second polish of a settled pick has nothing left to measure around it.
+    again = polish(run, 30)
+    if again.trials == 0:
+        assert len(run.study.trials) == before
+
+
+def test_the_console_says_what_polish_did(tmp_path: Path, scenario_file: Path):
+    result = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "4", "--polish", "5", "--no-html",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = re.findall(r"polish: (\d+) one-knob neighbour trials", result.stderr)
+    assert len(said) == 1
+    assert "arms: " not in result.stderr  # 5 trials leave no arm its share (ARM_TRIALS)
+    assert 1 <= int(said[0]) <= 5
+    no_polish = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "2", "--polish", "0", "--no-html",
+        "--study", "other", cwd=tmp_path,
+    )  # fmt: skip
+    assert "polish:" not in no_polish.stderr

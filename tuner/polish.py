@@ -1,0 +1,285 @@
+"""Polish: no export that changing one knob beats.
+
+A sampler leaves its best config wherever its last proposal landed; a neighbour one knob away
+may meet every SLO and do better under the pick rule (content-generation exported w8a16 where
+the same knobs at bf16 were better on throughput and quality alike). Before exporting, the
+pick's one-knob neighbourhood is measured: each categorical knob's other values, each numeric
+knob one step either way (a log-scaled knob by NUMERIC_LOG_STEP, a linear one by a sixth of its
+range or its own step, whichever is larger). A neighbour that the pick rule prefers
+(tuner.study.best_trial) by more than MIN_GAIN becomes the pick and its neighbourhood is
+measured in turn, until none beats the pick or the budget of trials is spent.
+
+Comparisons get the same treatment (refine_arms): each arm the console and report compare (a
+precision and KV pair of the quality ladder, a deployment on a chip budget) is measured with
+the best config so far and only the arm changed, then its own pick is polished a little, so no
+statement stands on whichever arm the sampler happened to visit.
+
+The neighbours are ordinary trials of the study (enqueued, then run as any other), so the front,
+the report and later runs see them, and a neighbour measured before is not measured again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import FrozenTrial, TrialState
+
+from objectives.scenario import Scenario
+from objectives.scoring import is_feasible, pick_best
+from runners.quality import quality_pair
+from search_spaces.space import GRID_POINTS, ROLE_KNOBS, SearchSpace
+from tuner.quality import EXCLUDED
+from tuner.study import StudyRun, TrialReport, best_trial, optimize, trial_knobs
+
+NUMERIC_LOG_STEP = 1.25  # a log-scaled knob's neighbours: times and divided by this
+# Default budgets: a simulated trial costs about a second, so the simulator polishes until no
+# neighbour wins; a real engine's trial costs minutes, so one neighbourhood and a bit.
+SIM_POLISH_TRIALS = 60
+REAL_POLISH_TRIALS = 12
+# Of that budget, each arm compared (refine_arms) gets at most this many: its controlled trial
+# and a short polish. An arm with fewer measured trials than MIN_ARM_TRIALS is "not compared".
+ARM_TRIALS = 6
+MIN_ARM_TRIALS = 3
+MIN_GAIN = 0.01  # how much better a neighbour must be to move the pick and the climb on
+
+
+@dataclass
+class Polish:
+    """What the polish did: trials run, and each change of the pick (`from -> to: knob`)."""
+
+    trials: int = 0
+    changes: list[str] | None = None
+
+    def summary(self) -> str:
+        if self.trials == 0:
+            return "polish: no one-knob neighbour left to measure"
+        changed = "; ".join(self.changes or []) or "the pick stands"
+        return f"polish: {self.trials} one-knob neighbour trials; {changed}"
+
+
+def _steps(dist: BaseDistribution, value: Any) -> list[Any]:
+    """A knob's values one step from `value` within its distribution."""
+    if isinstance(dist, CategoricalDistribution):
+        return [choice for choice in dist.choices if choice != value]
+    assert isinstance(dist, (IntDistribution, FloatDistribution)), dist
+    if dist.log:
+        candidates = [value / NUMERIC_LOG_STEP, value * NUMERIC_LOG_STEP]
+    else:
+        step = max(dist.step or 0, (dist.high - dist.low) / GRID_POINTS)
+        if dist.step:
+            step = math.ceil(step / dist.step) * dist.step
+        candidates = [value - step, value + step]
+    out = []
+    for candidate, direction in zip(candidates, (-1, 1), strict=True):
+        if dist.step:
+            candidate = dist.low + round((candidate - dist.low) / dist.step) * dist.step
+            if candidate == value:  # a small value's log step rounds back onto it
+                candidate = value + direction * dist.step
+        if isinstance(dist, IntDistribution):
+            candidate = int(candidate)
+        candidate = min(max(candidate, dist.low), dist.high)
+        if candidate != value and candidate not in out:
+            out.append(candidate)
+    return out
+
+
+def neighbours(
+    space: SearchSpace, params: dict[str, Any], frozen: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """The params one knob away from `params`, in the space's knob order, the `frozen` knobs
+    left alone. A co-located pick's role knobs are left alone too: they do not change what it
+    runs."""
+    co_located = params.get("deployment", "co-located") != "disaggregated"
+    out = []
+    for name, dist in space.distributions().items():
+        if name not in params or name in frozen or (co_located and name in ROLE_KNOBS):
+            continue
+        out += [params | {name: value} for value in _steps(dist, params[name])]
+    return out
+
+
+def _measured(run: StudyRun) -> list[dict[str, Any]]:
+    done = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING, TrialState.FAIL)
+    return [t.params for t in run.study.get_trials(deepcopy=False, states=done)]
+
+
+def _difference(before: dict[str, Any], after: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{name} {before.get(name)} -> {after[name]}"
+        for name in after
+        if before.get(name) != after[name]
+    )
+
+
+def trials_to_compare(study: optuna.Study, arm_knobs: tuple[str, ...]) -> int:
+    """How many measured trials an arm needs to be compared: MIN_ARM_TRIALS, or one where the
+    study searches no knob besides the arm's (its one trial is the arm's whole space)."""
+    searched = {
+        name
+        for t in study.get_trials(deepcopy=False)
+        for name, dist in t.distributions.items()
+        if not dist.single()
+    }
+    return MIN_ARM_TRIALS if searched - set(arm_knobs) else 1
+
+
+def in_arm(study: optuna.Study, trial: FrozenTrial, arm: dict[str, Any]) -> bool:
+    knobs = trial_knobs(study, trial)
+    return all(knobs.get(name) == value for name, value in arm.items())
+
+
+def _beats(new: FrozenTrial, old: FrozenTrial, scenario: Scenario) -> bool:
+    """Whether the pick rule's new choice is better than the old by more than MIN_GAIN on the
+    objective the rule ranks first (a neighbour 0.01% ahead is the same config, not a win)."""
+    if new.number == old.number:
+        return False
+    if scenario.pick == "min-ttft":
+        return new.values[0] < old.values[0] * (1 - MIN_GAIN)
+    return new.values[1] > old.values[1] * (1 + MIN_GAIN)
+
+
+def arm_pick(study: optuna.Study, scenario: Scenario, arm: dict[str, Any]) -> FrozenTrial | None:
+    """The pick rule within the SLA-feasible trials that run the arm (every trial for {})."""
+    if not arm:
+        return best_trial(study, scenario)
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if is_feasible(t.constraints) and in_arm(study, t, arm)
+    ]
+    key = pick_best(
+        [(t.number, t.values[0], t.values[1]) for t in feasible],
+        scenario.pick,
+        scenario.tie_tolerance,
+    )
+    return next((t for t in feasible if t.number == key), None)
+
+
+def _others_running(run: StudyRun) -> bool:
+    """Whether another run is adding trials to the study now: queued trials are popped by
+    whichever run asks first (on SQLite two can pop the same one), so polish waits its turn by
+    not running at all; a later plain run on the study polishes it."""
+    return bool(run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def _run_queued(run: StudyRun, todo: list[dict[str, Any]], on_trial) -> int:
+    """Measure the queued params for real (the screen, if any, stands aside); how many ran.
+    None while another run adds trials to the study (_others_running)."""
+    if _others_running(run):
+        return 0
+    for params in todo:
+        run.study.enqueue_trial(params)
+    before = len(run.reports)
+    optimize(replace(run, screen=None), len(todo), None, on_trial)
+    return len(run.reports) - before
+
+
+def polish(
+    run: StudyRun,
+    budget: int,
+    on_trial: Callable[[TrialReport], None] = lambda report: None,
+    arm: dict[str, Any] | None = None,
+) -> Polish:
+    """Measure the pick's one-knob neighbours until none beats it (the module's rule), at most
+    `budget` trials. With an `arm` (knob values held fixed: a precision and KV pair, a
+    deployment), the pick is the arm's own and its knobs stay as they are."""
+    arm = arm or {}
+    result = Polish(changes=[])
+    while result.trials < budget:
+        pick = arm_pick(run.study, run.scenario, arm)
+        if pick is None:
+            break
+        seen = _measured(run)
+        todo = [n for n in neighbours(run.space, pick.params, tuple(arm)) if n not in seen]
+        todo = todo[: budget - result.trials]
+        if not todo:
+            break
+        ran = _run_queued(run, todo, on_trial)
+        result.trials += ran
+        if ran == 0:
+            break  # nothing ran: do not spin
+        new_pick = arm_pick(run.study, run.scenario, arm)
+        if new_pick is None or not _beats(new_pick, pick, run.scenario):
+            break
+        assert result.changes is not None
+        changed = _difference(pick.params, new_pick.params)
+        result.changes.append(f"trial {pick.number} -> {new_pick.number} ({changed})")
+    return result
+
+
+def arms(run: StudyRun) -> list[dict[str, Any]]:
+    """The arms the run's statements compare, as the space searches them: each precision and KV
+    pair the quality SLO admits (the ladder), and with a chip budget each deployment."""
+    dists = run.space.distributions()
+    fixed = run.space.fixed()
+
+    def values(name: str) -> list[Any]:
+        dist = dists.get(name)
+        if isinstance(dist, CategoricalDistribution):
+            return list(dist.choices)
+        return [fixed[name]] if name in fixed else []
+
+    excluded = {quality_pair(pair) for pair in run.study.user_attrs.get(EXCLUDED, [])}
+    found: list[dict[str, Any]] = []
+    pairs = [
+        {"quantization": q, "kv_compression": kv}
+        for q in values("quantization")
+        for kv in values("kv_compression")
+        if (q, float(kv)) not in excluded
+    ]
+    if len(pairs) > 1:
+        found += pairs
+    deployments = [{"deployment": d} for d in values("deployment")]
+    if len(deployments) > 1:
+        found += deployments
+    return found
+
+
+def refine_arms(
+    run: StudyRun,
+    per_arm: int,
+    on_trial: Callable[[TrialReport], None] = lambda report: None,
+) -> int:
+    """Search each arm (`arms`) a little, so that what the console and report compare stands on
+    both sides: first the best config so far with only the arm changed (a controlled
+    comparison), then up to `per_arm` - 1 trials polishing the arm's own pick. How many
+    trials ran."""
+    ran = 0
+    for arm in arms(run):
+        best = best_trial(run.study, run.scenario)
+        budget = per_arm
+        if best is not None:
+            controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
+            if controlled not in _measured(run):
+                done = _run_queued(run, [controlled], on_trial)
+                ran, budget = ran + done, budget - done
+        ran += polish(run, budget, on_trial, arm).trials
+    return ran
+
+
+def refine_and_polish(
+    run: StudyRun, budget: int, on_trial: Callable[[TrialReport], None] = lambda report: None
+) -> str:
+    """After a study's trials, at most `budget` more: each compared arm searched (refine_arms,
+    ARM_TRIALS each at most, leaving a share for the pick), then the pick polished. What ran,
+    in one line for the console."""
+    compared = arms(run)
+    per_arm = min(ARM_TRIALS, budget // (len(compared) + 1))
+    refined = refine_arms(run, per_arm, on_trial) if per_arm else 0
+    polished = polish(run, budget - refined, on_trial)
+    if not per_arm:
+        return polished.summary()
+    return (
+        f"arms: {refined} trials searched {len(compared)} arms (each precision and KV pair, "
+        f"each deployment) from the best config so far; {polished.summary()}"
+    )
