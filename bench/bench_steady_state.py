@@ -4,6 +4,10 @@ simulated cost of each trial.
 
     python bench/bench_steady_state.py [--seeds 3] [--precision 0.05] [--ttft-ms 500]
     python bench/bench_steady_state.py --exports [--presets a,b] [--workdir DIR]
+    python bench/bench_steady_state.py --hold EXPORT [EXPORT ...]
+
+--hold EXPORT... holds exports already written (an earlier autotune's, say) the same way, each
+judged on the SLA it states, without the searches.
 
 --exports holds every preset's default export (`autotune --scenario P`, 50 trials on the
 simulator) to its claim (issue 28, item 1): a fixed load at the exported capacity over 16x the
@@ -30,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from objectives.scenario import SLA, load_scenario, preset_names
 from objectives.scoring import constraint_values, is_feasible
-from runners.capacity import evaluate
+from runners.capacity import CLOSED_WINDOW_CYCLES, evaluate
 from runners.measurement import summarize
 from runners.sim.runner import DEFAULTS, SimRunner
 from tuner.export import load_export
@@ -50,14 +54,59 @@ EXPORT_HORIZON = 16  # the long fixed load, in the preset's num_requests
 EXPORT_GOAL = 0.05
 
 
+HEAD = (
+    f"{'preset':<19} {'export':<34} {'capacity':>8} {'served':>6} {'TPOT':>5} | "
+    f"{'16x fixed: TTFT p99':>19} {'TPOT p99':>8} {'served':>6} {'SLA':>4} | "
+    f"{'1x':>6} {'16x':>6} {'gap':>5}"
+)
+
+
+def hold(export_path: Path, runner: SimRunner, search: bool = True) -> str:
+    """One row: the export held at the capacity it claims, for 16x its preset's requests and
+    judged on the SLA it states; with `search`, its capacity searched on 1x and 16x horizons."""
+    exported = load_export(export_path)
+    preset = load_scenario(exported.scenario)
+    scenario = preset.model_copy(update={"sla": SLA.model_validate(exported.sla)})
+    config = DEFAULTS | exported.knobs
+    capacity = exported.capacity or {}
+    rate = capacity["rate"]
+    requests = scenario.workload.num_requests * EXPORT_HORIZON
+    if scenario.closed_loop:  # as a capacity step's window: the first burst all warm-up
+        requests = max(requests, CLOSED_WINDOW_CYCLES * round(rate))
+    long = scenario.at_rate(rate).model_copy(update={"num_requests": requests})
+    with runner.session(config, long) as session:
+        held = summarize(session.measure(long, scenario.sla, False), scenario.sla)
+    meets = is_feasible(constraint_values(held, scenario.sla))
+    searched = {}
+    for factor in (1, EXPORT_HORIZON) if search else ():
+        workload = scenario.workload.model_copy(
+            update={"num_requests": scenario.workload.num_requests * factor}
+        )
+        metrics = evaluate(runner, config, scenario.model_copy(update={"workload": workload}))
+        searched[factor] = metrics.metrics["capacity_rate"] or 0.0
+    knobs = exported.knobs
+    first = str(knobs.get("select_batch", "")).removesuffix("-first")
+    precision = f"{knobs.get('quantization')}/kv{knobs.get('kv_compression')}"
+    label = f"b{knobs.get('batch_size')} {first} {precision}"
+    row = (
+        f"{exported.scenario:<19} {label:<34} {rate:>8.2f} {capacity['requests_per_s']:>6.2f} "
+        f"{capacity.get('tpot_p99_ms') or 0:>5.0f} | {held['ttft_p99_ms']:>19.0f} "
+        f"{held['tpot_p99_ms'] or 0:>8.0f} {held['delivered_share']:>6.1%} "
+        f"{'yes' if meets else 'NO':>4} |"
+    )
+    if not searched:
+        return row
+    gap = abs(searched[EXPORT_HORIZON] / searched[1] - 1) if searched[1] else float("inf")
+    return (
+        f"{row} {searched[1]:>6.2f} {searched[EXPORT_HORIZON]:>6.2f} {gap:>5.1%}"
+        f"{'' if gap <= EXPORT_GOAL else ' (goal 5%)'}"
+    )
+
+
 def hold_exports(presets: list[str], workdir: Path) -> None:
     """Each preset's default export held to its capacity (the module's --exports)."""
     runner = SimRunner()
-    print(
-        f"{'preset':<19} {'export':<34} {'capacity':>8} {'served':>6} {'TPOT':>5} | "
-        f"{'16x fixed: TTFT p99':>19} {'TPOT p99':>8} {'served':>6} {'SLA':>4} | "
-        f"{'1x':>6} {'16x':>6} {'gap':>5}"
-    )
+    print(HEAD)
     for name in presets:
         export_path = workdir / f"{name}.yaml"
         subprocess.run(
@@ -65,39 +114,7 @@ def hold_exports(presets: list[str], workdir: Path) -> None:
              str(export_path), "--storage", f"sqlite:///{workdir / 'studies.db'}"],
             check=True, capture_output=True,
         )  # fmt: skip
-        exported = load_export(export_path)
-        scenario = load_scenario(name)
-        config = DEFAULTS | exported.knobs
-        capacity = exported.capacity or {}
-        rate = capacity["rate"]
-        long = scenario.at_rate(rate).model_copy(
-            update={"num_requests": scenario.workload.num_requests * EXPORT_HORIZON}
-        )
-        with runner.session(config, long) as session:
-            held = summarize(session.measure(long, scenario.sla, False), scenario.sla)
-        meets = is_feasible(constraint_values(held, scenario.sla))
-        searched = {}
-        for factor in (1, EXPORT_HORIZON):
-            workload = scenario.workload.model_copy(
-                update={"num_requests": scenario.workload.num_requests * factor}
-            )
-            metrics = evaluate(runner, config, scenario.model_copy(update={"workload": workload}))
-            searched[factor] = metrics.metrics["capacity_rate"] or 0.0
-        gap = abs(searched[EXPORT_HORIZON] / searched[1] - 1) if searched[1] else float("inf")
-        knobs = exported.knobs
-        first = str(knobs.get("select_batch", "")).removesuffix("-first")
-        label = (
-            f"b{knobs.get('batch_size')} {first}"
-            f" {knobs.get('quantization')}/kv{knobs.get('kv_compression')}"
-        )
-        tpot = capacity.get("tpot_p99_ms")
-        print(
-            f"{name:<19} {label:<34} {rate:>8.2f} {capacity['requests_per_s']:>6.2f} "
-            f"{tpot or 0:>5.0f} | {held['ttft_p99_ms']:>19.0f} {held['tpot_p99_ms'] or 0:>8.0f} "
-            f"{held['delivered_share']:>6.1%} {'yes' if meets else 'NO':>4} | "
-            f"{searched[1]:>6.2f} {searched[EXPORT_HORIZON]:>6.2f} {gap:>5.1%}"
-            f"{'' if gap <= EXPORT_GOAL else ' (goal 5%)'}"
-        )
+        print(hold(export_path, runner))
 
 
 def main() -> None:
@@ -108,7 +125,15 @@ def main() -> None:
     parser.add_argument("--exports", action="store_true", help="hold every preset's export")
     parser.add_argument("--presets", default=None, help="comma-separated (default: all)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep studies and exports")
+    parser.add_argument(
+        "--hold", type=Path, nargs="+", default=None, help="exports to hold (no search)"
+    )
     args = parser.parse_args()
+    if args.hold:
+        print(HEAD)
+        for path in args.hold:
+            print(hold(path, SimRunner(), search=False))
+        return
     if args.exports:
         presets = args.presets.split(",") if args.presets else preset_names()
         if args.workdir is not None:

@@ -79,9 +79,7 @@ class TableEntry(_Strict):
             kl=self.kl,
             top1_agreement=self.top1_agreement,
             source=self.source,
-            note=f"{self.note} (measured with: {', '.join(self.methods)})"
-            if self.methods
-            else self.note,
+            note=f"{self.note} (covers: {', '.join(self.methods)})" if self.methods else self.note,
         )
 
 

@@ -182,6 +182,11 @@ class LlamaCppRunner(ServedRunner):
             # Verbosity 4 logs what the engine set up (file type, KV types, batch sizes).
             "-lv",
             "4",
+            # No RAM prompt cache: every load sends fresh text, so it never hits, yet each request
+            # added its prompt and, at -lv 4, a log line per cached prompt: one batch-1 trial's
+            # TTFT p50 rose from 5.7 to 42 ms as it went and its log reached 3 GB (issue 30).
+            "--cache-ram",
+            "0",
             *self.engine_args(config, workload),
         ]
         return Launch(

@@ -16,13 +16,14 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   rate, but not in the latency percentiles (TTFT, TPOT, E2EL; ITL gaps are not kept per
   request and cover every request) nor in early rejection's count of late requests.
 - delivered rate: the offered rate less the backlog's growth rate over the second half of the
-  measured window (from the first request after the warm-up to the last one sent): the backlog
-  is the requests sent and not yet successfully finished, taken at each send, its growth rate
+  measured window (from the first request after the warm-up to the last one sent), both over
+  the successful requests (a failed one leaves the backlog; the success rate judges it): the
+  backlog is the requests sent and not yet finished, taken at each send, its growth rate
   their least-squares slope. The first half is left out because an engine that starts empty
   fills up to its steady backlog (rate x latency) before it delivers what it is offered.
   `delivered_share` is the delivered over the offered rate of that half: 1 when the engine
   keeps up, below when its queue or running batch is still growing (runners.capacity requires
-  it within SUSTAIN_TOLERANCE of 1); None when the half holds fewer than
+  it within objectives.scoring.sustain_tolerance of 1); None when the half holds fewer than
   DELIVERED_MIN_SAMPLES sends.
 - TTFT trend: the Spearman rank correlation between the order of eight consecutive slices of
   the measured successful requests and their median TTFT (0 when the medians lie within 1% of
@@ -170,11 +171,13 @@ def delivered(m: Measurement) -> tuple[float, float] | None:
     if m.sent <= m.warmup:
         return None
     start, end = float(m.send_s[m.warmup]), float(m.send_s[-1])
-    half = np.nonzero(m.send_s >= (start + end) / 2)[0]
-    sends = m.send_s[half]
+    ok = m.ok.astype(bool)
+    ok_sends = m.send_s[ok]  # a failed request leaves the backlog: the success rate's business
+    half = np.nonzero(ok_sends >= (start + end) / 2)[0]
+    sends = ok_sends[half]
     if half.size < DELIVERED_MIN_SAMPLES or sends[-1] <= sends[0]:
         return None
-    finished = np.sort(np.where(m.ok.astype(bool), m.finish_s, np.inf))
+    finished = np.sort(m.finish_s[ok])
     backlog = half + 1 - np.searchsorted(finished, sends, side="right")
     growth = float(np.polyfit(sends, backlog, 1)[0])
     offered = (half.size - 1) / float(sends[-1] - sends[0])

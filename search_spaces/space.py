@@ -312,11 +312,17 @@ class SearchSpace:
         on the batch size would make the space dynamic, which multivariate TPE cannot model
         jointly (README, "Search efficiency"). A grid keeps its points as they are, and a point
         above the batch size is refused as infeasible."""
-        config = self.fixed()
-        for name, dist in self.distributions().items():
-            config[name] = _suggest(trial, name, dist)
-        sampled = trial.params.get("max_prefill_batch_size")
-        if sampled is not None and not isinstance(trial.study.sampler, optuna.samplers.GridSampler):
+        params = {name: _suggest(trial, name, dist) for name, dist in self.distributions().items()}
+        grid = isinstance(trial.study.sampler, optuna.samplers.GridSampler)
+        return self.config_of(params, clamp=not grid)
+
+    def config_of(self, params: dict[str, Any], clamp: bool = True) -> dict[str, Any]:
+        """The config sampled `params` run as (suggest): the fixed knobs added, the prefill
+        batch clamped to the batch size (unless `clamp` is off: a grid's points), the
+        deployment's knobs settled."""
+        config = self.fixed() | params
+        sampled = params.get("max_prefill_batch_size")
+        if sampled is not None and clamp:
             config["max_prefill_batch_size"] = min(sampled, config.get("batch_size", sampled))
         return self._deployment(config)
 

@@ -13,9 +13,10 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from runners.sim.runner import SimRunner
+from search_spaces.deployment import ROLE_KNOBS, with_deployment
 from search_spaces.space import SearchSpace
 from tests.conftest import run_autotune, small_scenario
-from tuner.polish import NUMERIC_LOG_STEP, _steps, neighbours, polish
+from tuner.polish import NUMERIC_LOG_STEP, Polisher, _steps, neighbours
 from tuner.storage import open_storage
 from tuner.study import StudyRun, best_trial, create_study, optimize
 
@@ -32,15 +33,17 @@ def test_a_log_knob_steps_by_its_factor_and_stays_in_range():
     assert _steps(dist, 1) == [2]  # 1 * 1.25 rounds back onto 1: one step up instead
 
 
-def test_a_linear_knob_steps_by_a_sixth_of_its_range_on_its_grid():
+def test_a_linear_knob_steps_by_the_grids_step():
     dist = IntDistribution(1024, 16384, step=512)
-    # (16384 - 1024) / 6 = 2560, a multiple of the step already
-    assert _steps(dist, 8192) == [8192 - 2560, 8192 + 2560]
+    # the grid's six points are (16384 - 1024) / 5 = 3072 apart, a multiple of the step already
+    assert _steps(dist, 8192) == [8192 - 3072, 8192 + 3072]
     assert _steps(FloatDistribution(0.5, 1.0, step=0.5), 0.5) == [1.0]
 
 
 def test_neighbours_change_one_knob_each_and_leave_a_co_located_picks_role_knobs():
-    space = SearchSpace.load("mindie").with_chips(4)
+    space = with_deployment(SearchSpace.load("vllm"), 4, 0.9, "h100", True)
+    searched_roles = set(ROLE_KNOBS) & set(space.distributions())
+    assert searched_roles  # the test means something only where role knobs are searched
     params = {name: _first(dist) for name, dist in space.distributions().items()}
     params["deployment"] = "co-located"
     found = neighbours(space, params)
@@ -48,7 +51,11 @@ def test_neighbours_change_one_knob_each_and_leave_a_co_located_picks_role_knobs
     for neighbour in found:
         changed = [name for name in params if neighbour[name] != params[name]]
         assert len(changed) == 1
-        assert changed[0] not in ("prefill_instances", "prefill_batch_size")
+        assert changed[0] not in searched_roles
+    params["deployment"] = "disaggregated"
+    assert searched_roles <= {
+        name for n in neighbours(space, params) for name in n if n[name] != params[name]
+    }
 
 
 def _first(dist):
@@ -82,7 +89,7 @@ def test_a_planted_better_neighbour_replaces_the_pick(tmp_path: Path):
     run = _planted_study(tmp_path)
     first = best_trial(run.study, run.scenario)
     assert first is not None and first.params["quantization"] == "bf16"
-    result = polish(run, 60)
+    result = Polisher(run).polish(60)
     assert result.trials > 0 and result.changes
     pick = best_trial(run.study, run.scenario)
     assert pick is not None and pick.params["quantization"] != "bf16"
@@ -90,18 +97,19 @@ def test_a_planted_better_neighbour_replaces_the_pick(tmp_path: Path):
     # Where polish stopped with budget left, every neighbour of the pick was measured and none
     # is preferred to it.
     if result.trials < 60:
-        measured = [t.params for t in run.study.trials]
-        assert all(n in measured for n in neighbours(run.space, pick.params))
+        ran = [t.user_attrs.get("knobs") for t in run.study.trials]
+        for neighbour in neighbours(run.space, pick.params):
+            assert run.space.config_of(neighbour) in ran
 
 
 def test_polish_measures_nothing_twice(tmp_path: Path):
     run = _planted_study(tmp_path)
-    polish(run, 30)
+    Polisher(run).polish(30)
     before = len(run.study.trials)
-    params = [tuple(sorted(t.params.items())) for t in run.study.trials]
-    assert len(params) == len(set(params))
+    configs = [tuple(sorted(t.user_attrs["knobs"].items())) for t in run.study.trials]
+    assert len(configs) == len(set(configs))
     # A second polish of a settled pick has nothing left to measure around it.
-    again = polish(run, 30)
+    again = Polisher(run).polish(30)
     if again.trials == 0:
         assert len(run.study.trials) == before
 

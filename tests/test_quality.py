@@ -49,7 +49,7 @@ def test_shipped_table_holds_the_published_qwen2_figures():
     assert w8a8.accuracy_drop == pytest.approx(BF16 - GPTQ_INT8)
     assert "80.32" in w8a8.note and "Qwen2-72B-Instruct" in w8a8.note
     # Each figure names the methods it was measured with; a borrowed one says so.
-    assert "measured with: GPTQ-Int4, AWQ" in w4a16.note and "Q4_0" in w4a16.note
+    assert "covers: GPTQ-Int4, AWQ" in w4a16.note and "Q4_0" in w4a16.note
     assert "SmoothQuant" in w8a8.note and "fp8" in w8a8.note
 
 
@@ -386,3 +386,17 @@ def test_a_real_llama_server_study_measures_each_pair_once(
         named = t.user_attrs["sla_constraints"]
         assert named["quality_kl"] == pytest.approx(record["kl"] - 0.5)
         assert named["quality_top1_agreement"] == pytest.approx(0.5 - record["top1_agreement"])
+
+
+def test_a_kl_of_minus_zero_reads_zero():
+    """bf16 measured against itself gives KL -0.0 or -1e-12 (rounding); the console printed
+    `KL -0` (issue 30)."""
+    from tuner.quality import describe_figures
+
+    for kl in (-0.0, -1e-12, 0.0):
+        assert describe_figures({"quality_kl": kl, "quality_source": "measured"}) == (
+            "KL 0 (measured)"
+        )
+    assert describe_figures({"quality_kl": 0.0123, "quality_source": "measured"}) == (
+        "KL 0.0123 (measured)"
+    )

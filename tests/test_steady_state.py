@@ -96,11 +96,11 @@ def test_early_rejection_with_a_warmup_matches_brute_force():
                 assert got == expected, case
 
 
-def test_the_margin_narrows_as_one_over_the_square_root_of_the_samples():
+def test_the_margin_narrows_as_one_over_the_fourth_root_of_the_samples():
     assert settle_margin(1000) == pytest.approx(0.3)
-    assert settle_margin(4000) == pytest.approx(0.15)
-    assert settle_margin(9000) == pytest.approx(0.1)
-    assert settle_margin(250) == 0.5  # 0.6 by the rule, capped
+    assert settle_margin(4000) == pytest.approx(0.3 / 2**0.5)  # one over the fourth root
+    assert settle_margin(16000) == pytest.approx(0.15)
+    assert settle_margin(100) == 0.5  # 0.53 by the rule, capped
 
 
 def verdict_inputs(ttft_ms, success=1.0, trend=None, tpot_ms=None):
@@ -177,23 +177,24 @@ def test_a_search_step_unsettled_at_the_cap_is_a_miss():
     session = WindowSession(lambda n: 0.46)
     scenario = window_scenario()
     step = _step(session, scenario, scenario.nominal_rate, stop_early=False)
-    assert [n for n, _, _ in session.calls] == [1000, 2000, 4000]
+    assert [n for n, _, _ in session.calls] == [1000, 2000, 4000, 8000]
     assert not step.meets_sla and step.unsettled is not None
     assert step.unsettled.endswith("a miss")
 
 
 def test_the_nominal_step_unsettled_at_the_cap_keeps_its_measured_verdict():
-    """Always 460 ms: close at 1,000, 2,000 and 4,000 requests (4x, the cap). Before the last
-    window a load may only stop beyond the margin, in the last one from its lower edge. At the
-    nominal rate the verdict is the trial's SLA constraint as measured: unsettled, not a miss."""
+    """Always 460 ms: close at 1,000, 2,000, 4,000 and 8,000 requests (8x, the cap). Before the
+    last window a load may only stop beyond the margin, in the last one from its lower edge. At
+    the nominal rate the verdict is the trial's SLA constraint as measured: unsettled, not a
+    miss."""
     metrics, calls = run_windows(lambda n: 0.46)
-    margins = [0.3 * math.sqrt(1000 / measured) for measured in (900, 1800, 3600)]
-    assert [n for n, _, _ in calls] == [1000, 2000, 4000]
+    margins = [0.3 * (1000 / measured) ** 0.25 for measured in (900, 1800, 3600, 7200)]
+    assert [n for n, _, _ in calls] == [1000, 2000, 4000, 8000]
     bounds = [bound for _, bound, _ in calls]
-    assert bounds[0] == pytest.approx(BOUND_MS * (1 + margins[0]))
-    assert bounds[1] == pytest.approx(BOUND_MS * (1 + margins[1]))
-    assert bounds[2] == pytest.approx(BOUND_MS * (1 - margins[2]))
-    assert metrics["windows"] == 3 and not metrics["settled"]
+    for bound, margin in zip(bounds[:3], margins[:3], strict=True):
+        assert bound == pytest.approx(BOUND_MS * (1 + margin))
+    assert bounds[3] == pytest.approx(BOUND_MS * (1 - margins[3]))
+    assert metrics["windows"] == 4 and not metrics["settled"]
     assert "within" in metrics["unsettled"] and not metrics["unsettled"].endswith("a miss")
     assert metrics["ttft_p99_ms"] == pytest.approx(460)  # under the bound: the trial meets it
 

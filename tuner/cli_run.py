@@ -5,6 +5,7 @@ the best config exported."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -64,9 +65,11 @@ def tune(
     one-knob neighbourhood (tuner.polish)."""
     for note in p.space.notes:
         err.print(f"[dim]note: {escape(note)}[/dim]")
-    if all(dist.single() for dist in p.space.distributions().values()) and trials > 1:
+    every_knob_fixed = all(dist.single() for dist in p.space.distributions().values())
+    if every_knob_fixed and trials > 1:
         err.print("[dim]note: every knob is fixed: one trial measures the config[/dim]")
         trials = 1
+    started = time.monotonic()
     run = StudyRun(
         p.study, p.scenario, p.space, p.runner, p.storage, screen=p.screen, quality=p.quality
     )
@@ -92,9 +95,10 @@ def tune(
         if budget is None:
             budget = SIM_POLISH_TRIALS if p.runner.name == "sim" else REAL_POLISH_TRIALS
         summary = None
-        if budget and trials > 1:
+        if budget and not every_knob_fixed:
             task = progress.add_task("", total=budget, phase="polish")
-            summary = refine_and_polish(run, budget, on_trial)
+            deadline = None if timeout_s is None else started + timeout_s
+            summary = refine_and_polish(run, budget, on_trial, deadline)
             progress.update(task, total=progress.tasks[task].completed)
     if summary is not None:
         err.print(summary, markup=False, soft_wrap=True)

@@ -9,9 +9,10 @@ CHIP_COST_ATTR = "chip_cost_per_hour"  # the study's attribute, set by the flag
 
 
 def cost_figures(metrics: dict[str, Any], cost_per_hour: float | None) -> dict[str, float]:
-    """Cost per million output tokens at capacity (throughputs are per chip, so one chip's
-    price buys them) and, with a stated peak, the fleet's cost per hour (`instances_for_peak`
-    counts chips). Empty without a price or a throughput."""
+    """Cost per million output tokens at capacity (with `load.mode: fixed`, at the nominal
+    rate; throughputs are per chip, so one chip's price buys them) and, with a stated peak, the
+    fleet's cost per hour (`instances_for_peak` counts chips). Empty without a price or a
+    throughput."""
     if cost_per_hour is None:
         return {}
     figures: dict[str, float] = {}

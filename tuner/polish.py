@@ -21,8 +21,9 @@ the report and later runs see them, and a neighbour measured before is not measu
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -55,27 +56,30 @@ MIN_GAIN = 0.01  # how much better a neighbour must be to move the pick and the 
 
 @dataclass
 class Polish:
-    """What the polish did: trials run, and each change of the pick (`from -> to: knob`)."""
+    """What the polish did: trials run, each change of the pick (`from -> to: knob`), and why
+    it ran none where it did not."""
 
     trials: int = 0
-    changes: list[str] | None = None
+    changes: list[str] = field(default_factory=list)
+    idle: str = "no one-knob neighbour left to measure"
 
     def summary(self) -> str:
         if self.trials == 0:
-            return "polish: no one-knob neighbour left to measure"
-        changed = "; ".join(self.changes or []) or "the pick stands"
+            return f"polish: {self.idle}"
+        changed = "; ".join(self.changes) or "the pick stands"
         return f"polish: {self.trials} one-knob neighbour trials; {changed}"
 
 
 def _steps(dist: BaseDistribution, value: Any) -> list[Any]:
-    """A knob's values one step from `value` within its distribution."""
+    """A knob's values one step from `value` within its distribution: a linear knob's step is
+    the grid's (SearchSpace.grid: GRID_POINTS over the range) or its own, whichever is larger."""
     if isinstance(dist, CategoricalDistribution):
         return [choice for choice in dist.choices if choice != value]
     assert isinstance(dist, (IntDistribution, FloatDistribution)), dist
     if dist.log:
         candidates = [value / NUMERIC_LOG_STEP, value * NUMERIC_LOG_STEP]
     else:
-        step = max(dist.step or 0, (dist.high - dist.low) / GRID_POINTS)
+        step = max(dist.step or 0, (dist.high - dist.low) / (GRID_POINTS - 1))
         if dist.step:
             step = math.ceil(step / dist.step) * dist.step
         candidates = [value - step, value + step]
@@ -106,11 +110,6 @@ def neighbours(
             continue
         out += [params | {name: value} for value in _steps(dist, params[name])]
     return out
-
-
-def _measured(run: StudyRun) -> list[dict[str, Any]]:
-    done = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING, TrialState.FAIL)
-    return [t.params for t in run.study.get_trials(deepcopy=False, states=done)]
 
 
 def _difference(before: dict[str, Any], after: dict[str, Any]) -> str:
@@ -165,118 +164,136 @@ def arm_pick(study: optuna.Study, scenario: Scenario, arm: dict[str, Any]) -> Fr
     return next((t for t in feasible if t.number == key), None)
 
 
-def _others_running(run: StudyRun) -> bool:
-    """Whether another run is adding trials to the study now: queued trials are popped by
-    whichever run asks first (on SQLite two can pop the same one), so polish waits its turn by
-    not running at all; a later plain run on the study polishes it."""
-    return bool(run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-
-
-def _run_queued(run: StudyRun, todo: list[dict[str, Any]], on_trial) -> int:
-    """Measure the queued params for real (the screen, if any, stands aside); how many ran.
-    None while another run adds trials to the study (_others_running)."""
-    if _others_running(run):
-        return 0
-    for params in todo:
-        run.study.enqueue_trial(params)
-    before = len(run.reports)
-    optimize(replace(run, screen=None), len(todo), None, on_trial)
-    return len(run.reports) - before
-
-
-def polish(
-    run: StudyRun,
-    budget: int,
-    on_trial: Callable[[TrialReport], None] = lambda report: None,
-    arm: dict[str, Any] | None = None,
-) -> Polish:
-    """Measure the pick's one-knob neighbours until none beats it (the module's rule), at most
-    `budget` trials. With an `arm` (knob values held fixed: a precision and KV pair, a
-    deployment), the pick is the arm's own and its knobs stay as they are."""
-    arm = arm or {}
-    result = Polish(changes=[])
-    while result.trials < budget:
-        pick = arm_pick(run.study, run.scenario, arm)
-        if pick is None:
-            break
-        seen = _measured(run)
-        todo = [n for n in neighbours(run.space, pick.params, tuple(arm)) if n not in seen]
-        todo = todo[: budget - result.trials]
-        if not todo:
-            break
-        ran = _run_queued(run, todo, on_trial)
-        result.trials += ran
-        if ran == 0:
-            break  # nothing ran: do not spin
-        new_pick = arm_pick(run.study, run.scenario, arm)
-        if new_pick is None or not _beats(new_pick, pick, run.scenario):
-            break
-        assert result.changes is not None
-        changed = _difference(pick.params, new_pick.params)
-        result.changes.append(f"trial {pick.number} -> {new_pick.number} ({changed})")
-    return result
-
-
 def arms(run: StudyRun) -> list[dict[str, Any]]:
     """The arms the run's statements compare, as the space searches them: each precision and KV
     pair the quality SLO admits (the ladder), and with a chip budget each deployment."""
-    dists = run.space.distributions()
-    fixed = run.space.fixed()
 
     def values(name: str) -> list[Any]:
-        dist = dists.get(name)
-        if isinstance(dist, CategoricalDistribution):
-            return list(dist.choices)
-        return [fixed[name]] if name in fixed else []
+        spec = run.space.ranges.get(name)
+        return (spec.listed() or []) if spec is not None else []
 
     excluded = {quality_pair(pair) for pair in run.study.user_attrs.get(EXCLUDED, [])}
-    found: list[dict[str, Any]] = []
     pairs = [
         {"quantization": q, "kv_compression": kv}
         for q in values("quantization")
         for kv in values("kv_compression")
         if (q, float(kv)) not in excluded
     ]
-    if len(pairs) > 1:
-        found += pairs
     deployments = [{"deployment": d} for d in values("deployment")]
-    if len(deployments) > 1:
-        found += deployments
-    return found
+    return (pairs if len(pairs) > 1 else []) + (deployments if len(deployments) > 1 else [])
 
 
-def refine_arms(
-    run: StudyRun,
-    per_arm: int,
-    on_trial: Callable[[TrialReport], None] = lambda report: None,
-) -> int:
-    """Search each arm (`arms`) a little, so that what the console and report compare stands on
-    both sides: first the best config so far with only the arm changed (a controlled
-    comparison), then up to `per_arm` - 1 trials polishing the arm's own pick. How many
-    trials ran."""
-    ran = 0
-    for arm in arms(run):
-        best = best_trial(run.study, run.scenario)
-        budget = per_arm
-        if best is not None:
-            controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
-            if controlled not in _measured(run):
-                done = _run_queued(run, [controlled], on_trial)
+@dataclass
+class Polisher:
+    """The search after a study's trials: the run, the progress callback, and the time the
+    run's --timeout leaves (None: no limit)."""
+
+    run: StudyRun
+    on_trial: Callable[[TrialReport], None] = lambda report: None
+    deadline: float | None = None
+
+    def _measured(self) -> list[dict[str, Any]]:
+        """The configs the study's trials ran (or will run: queued ones), as they ran: two
+        params that run the same config (a co-located trial's unused role knobs, a prefill
+        batch clamped to the batch) are one."""
+        study, space = self.run.study, self.run.space
+        return [
+            trial_knobs(study, t) if "knobs" in t.user_attrs else space.config_of(t.params)
+            for t in study.get_trials(deepcopy=False)
+        ]
+
+    def _new(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The candidates whose config no trial ran, each once."""
+        seen, out = self._measured(), []
+        for params in candidates:
+            config = self.run.space.config_of(params)
+            if config not in seen:
+                seen.append(config)
+                out.append(params)
+        return out
+
+    def _others_running(self) -> bool:
+        """Whether another run is adding trials to the study now: queued trials are popped by
+        whichever run asks first (on SQLite two can pop the same one), so polish gives way and
+        a later plain run on the study polishes it."""
+        study = self.run.study
+        return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+    def _left_s(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def run_queued(self, todo: list[dict[str, Any]]) -> int:
+        """Measure the params for real (the screen, if any, stands aside); how many ran: none
+        once the time is up or while another run adds trials (_others_running)."""
+        left = self._left_s()
+        if not todo or (left is not None and left <= 0) or self._others_running():
+            return 0
+        for params in todo:
+            self.run.study.enqueue_trial(params)
+        before = len(self.run.reports)
+        optimize(replace(self.run, screen=None), len(todo), left, self.on_trial)
+        return len(self.run.reports) - before
+
+    def polish(self, budget: int, arm: dict[str, Any] | None = None) -> Polish:
+        """Measure the pick's one-knob neighbours until none beats it (the module's rule), at
+        most `budget` trials. With an `arm` (knob values held fixed: a precision and KV pair, a
+        deployment), the pick is the arm's own and its knobs stay as they are."""
+        arm = arm or {}
+        result = Polish()
+        run = self.run
+        while result.trials < budget:
+            pick = arm_pick(run.study, run.scenario, arm)
+            if pick is None:
+                result.idle = "no SLA-feasible pick to start from"
+                break
+            todo = self._new(neighbours(run.space, pick.params, tuple(arm)))
+            ran = self.run_queued(todo[: budget - result.trials])
+            result.trials += ran
+            if ran == 0:
+                if todo:
+                    result.idle = "no time left, or another run is adding trials to the study"
+                break
+            new_pick = arm_pick(run.study, run.scenario, arm)
+            if new_pick is None or not _beats(new_pick, pick, run.scenario):
+                break
+            changed = _difference(pick.params, new_pick.params)
+            result.changes.append(f"trial {pick.number} -> {new_pick.number} ({changed})")
+        return result
+
+    def refine_arms(self, per_arm: int) -> int:
+        """Search each arm (`arms`) a little, so that what the console and report compare
+        stands on both sides: first the best config so far with only the arm changed (a
+        controlled comparison), then up to `per_arm` - 1 trials polishing the arm's own pick.
+        How many trials ran."""
+        ran = 0
+        for arm in arms(self.run):
+            best = best_trial(self.run.study, self.run.scenario)
+            budget = per_arm
+            if best is not None:
+                controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
+                done = self.run_queued(self._new([controlled]))
                 ran, budget = ran + done, budget - done
-        ran += polish(run, budget, on_trial, arm).trials
-    return ran
+            ran += self.polish(budget, arm).trials
+        return ran
 
 
 def refine_and_polish(
-    run: StudyRun, budget: int, on_trial: Callable[[TrialReport], None] = lambda report: None
+    run: StudyRun,
+    budget: int,
+    on_trial: Callable[[TrialReport], None] = lambda report: None,
+    deadline: float | None = None,
 ) -> str:
-    """After a study's trials, at most `budget` more: each compared arm searched (refine_arms,
-    ARM_TRIALS each at most, leaving a share for the pick), then the pick polished. What ran,
-    in one line for the console."""
+    """After a study's trials, at most `budget` more before `deadline`: each compared arm
+    searched (refine_arms, ARM_TRIALS each at most, leaving a share for the pick), then the
+    pick polished. What ran, in one line for the console. A grid measures its points itself:
+    nothing runs after it."""
+    if isinstance(run.study.sampler, optuna.samplers.GridSampler):
+        return "polish: none after a grid, which measured every point it has"
+    polisher = Polisher(run, on_trial, deadline)
     compared = arms(run)
     per_arm = min(ARM_TRIALS, budget // (len(compared) + 1))
-    refined = refine_arms(run, per_arm, on_trial) if per_arm else 0
-    polished = polish(run, budget - refined, on_trial)
+    refined = polisher.refine_arms(per_arm) if per_arm else 0
+    polished = polisher.polish(budget - refined)
     if not per_arm:
         return polished.summary()
     return (

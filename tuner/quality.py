@@ -216,7 +216,8 @@ def describe_figures(attrs: dict[str, Any]) -> str:
 
     short = {
         "accuracy_drop": lambda v: f"drop {points(v)}",
-        "kl": lambda v: f"KL {v:.3g}",
+        # KL is never below 0: a measured -0.0 or -1e-12 is rounding (bf16 against itself)
+        "kl": lambda v: f"KL {max(0.0, v):.3g}",  # max keeps its first of equals
         "top1_agreement": lambda v: f"top-1 {v:.1%}",
     }
     return (

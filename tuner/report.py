@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.offline import get_plotlyjs
 
 from objectives.scenario import Scenario
-from objectives.scoring import is_feasible, pick_best, throughput_label
+from objectives.scoring import pick_best, throughput_label
 from objectives.userfile import InputError
 from search_spaces.deployment import deployment_label
 from search_spaces.knobs import DEPLOYMENTS
@@ -26,7 +26,7 @@ from tuner.export import trial_export
 from tuner.ladder import ladder_rows
 from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
-from tuner.polish import trials_to_compare
+from tuner.polish import arm_pick, trials_to_compare
 from tuner.quality import describe_figures
 from tuner.report_plots import (
     KNOB_COLUMNS,
@@ -109,26 +109,10 @@ def best_by_deployment(
     """The best SLA-feasible trial of each deployment (the scenario's pick rule applied within
     that deployment's feasible trials; None where none is feasible), or None unless the study
     searched both deployments (a chip budget of 2 or more)."""
-    searched: set[str] = set()
-    feasible: dict[str, list[FrozenTrial]] = {name: [] for name in DEPLOYMENTS}
-    for t in study.get_trials(deepcopy=False):
-        deployment = trial_knobs(study, t).get("deployment")
-        if deployment not in feasible:
-            continue
-        searched.add(deployment)
-        if t.state == TrialState.COMPLETE and is_feasible(t.constraints):
-            feasible[deployment].append(t)
-    if searched != set(DEPLOYMENTS):
+    searched = {trial_knobs(study, t).get("deployment") for t in study.get_trials(deepcopy=False)}
+    if not set(DEPLOYMENTS) <= searched:
         return None
-    best: dict[str, FrozenTrial | None] = {}
-    for name, trials in feasible.items():
-        key = pick_best(
-            [(t.number, t.values[0], t.values[1]) for t in trials],
-            scenario.pick,
-            scenario.tie_tolerance,
-        )
-        best[name] = next((t for t in trials if t.number == key), None)
-    return best
+    return {name: arm_pick(study, scenario, {"deployment": name}) for name in DEPLOYMENTS}
 
 
 def _who(study: optuna.Study, t: FrozenTrial) -> str:
@@ -162,7 +146,7 @@ def deployment_comparison(study: optuna.Study, scenario: Scenario) -> str | None
     needed = trials_to_compare(study, ("deployment",))
     thin = {name: n for name, n in searched.items() if n < needed}
     if thin:
-        chips = study.user_attrs["identity"].get("chips", "?")
+        chips = study.user_attrs.get("identity", {}).get("chips", "?")
         return (
             f"On {chips} chips, co-located and disaggregated: not compared ("
             + ", ".join(f"{name} {n} trial{'s' if n != 1 else ''}" for name, n in thin.items())

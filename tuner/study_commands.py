@@ -117,7 +117,7 @@ def pareto(storage, study_name, as_json):
         scenario = Scenario.model_validate(study.user_attrs["scenario"])
         out.print(
             front_table(
-                f"SLA-feasible Pareto front of {study.study_name}",
+                f"SLA-feasible Pareto front of {study.study_name} ({scenario.sla.describe()})",
                 rows,
                 snap.best_trial,
                 scenario,
