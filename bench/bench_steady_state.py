@@ -109,12 +109,16 @@ def hold_exports(presets: list[str], workdir: Path) -> None:
     print(HEAD)
     for name in presets:
         export_path = workdir / f"{name}.yaml"
-        subprocess.run(
+        study = subprocess.run(
             [sys.executable, "-m", "tuner", "--scenario", name, "--no-html", "--export",
              str(export_path), "--storage", f"sqlite:///{workdir / 'studies.db'}"],
-            check=True, capture_output=True,
+            check=True, capture_output=True, text=True,
         )  # fmt: skip
         print(hold(export_path, runner))
+        after = [
+            line for line in study.stderr.splitlines() if line.startswith(("arms:", "polish:"))
+        ]
+        print(f"    {' '.join(after)}")
 
 
 def main() -> None:
