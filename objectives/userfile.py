@@ -95,9 +95,65 @@ def _non_finite(data: object, where: str = "") -> str | None:
     return None
 
 
+# What a file a user writes here can hold, once its YAML aliases are expanded: a scenario is a
+# few dozen nodes, four deep. A 1 kB "billion laughs" file expands to billions (the walks over
+# it ran for minutes), and a self-containing alias (`&a [*a]`) to infinity.
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 100
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_shape(path: Path, text: str) -> None:
+    """Refuse, before anything is built from it, YAML whose aliases expand past
+    MAX_YAML_NODES nodes or MAX_YAML_DEPTH levels, or refer to a node that contains them. The
+    composed graph shares each anchored node: its expanded size is counted once per node, in
+    one pass that recurses into nothing."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply; at most {MAX_YAML_DEPTH} levels") from None
+    if root is None:
+        return
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_nodes: set[int] = set()  # on the path from the root: an alias back to one is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        key = id(node)
+        if closing:
+            open_nodes.discard(key)
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(kid)] for kid in kids)
+            depth[key] = 1 + max((depth[id(kid)] for kid in kids), default=0)
+            if size[key] > MAX_YAML_NODES:
+                raise InputError(
+                    f"{path}: its aliases expand to more than {MAX_YAML_NODES:,} values; "
+                    "write the values out"
+                )
+            if depth[key] > MAX_YAML_DEPTH:
+                raise InputError(f"{path}: nested too deeply; at most {MAX_YAML_DEPTH} levels")
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise InputError(f"{path}: a YAML alias refers to a node that contains it")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((kid, False) for kid in _children(node) if id(kid) not in size)
+
+
 def read_yaml(path: Path) -> object:
     text = read_text(path)
     try:
+        _check_shape(path, text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)

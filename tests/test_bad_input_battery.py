@@ -21,6 +21,10 @@ from tests.conftest import run_autotune
 from tests.test_bad_input import _scenario_with, _write
 from tests.test_samplers_and_storage import POSTGRES
 
+# 10 values, each level ten of the one before: 10^8 once expanded, in 400 bytes.
+ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 8)
+)
 LONG_NAME = "a" * 300  # longer than the 255 bytes a file name may have on Linux filesystems
 
 
@@ -164,6 +168,39 @@ CASES = {
         lambda tmp, sc: ["--scenario", str(sc), "--hardware", _hardware_share(tmp, 1.5)],
         "hw.yaml: mbu: ",
         "at most 1.0",
+    ),
+    # issue 30, item 4: user files read safely (these hung for minutes or raised a traceback)
+    "alias bomb in a scenario": (
+        lambda tmp, sc: ["--scenario", _write(tmp / "bomb.yaml", ALIAS_BOMB)],
+        "bomb.yaml: its aliases expand to more than 100,000 values",
+    ),
+    "alias bomb in --space": (
+        lambda tmp, sc: ["--scenario", str(sc), "--space", _write(tmp / "bomb.yaml", ALIAS_BOMB)],
+        "bomb.yaml: its aliases expand to more than 100,000 values",
+    ),
+    "alias bomb in --runner-config": (
+        lambda tmp, sc: [
+            "--scenario",
+            str(sc),
+            "--runner",
+            "vllm",
+            "--runner-config",
+            _write(tmp / "bomb.yaml", ALIAS_BOMB),
+        ],
+        "bomb.yaml: its aliases expand to more than 100,000 values",
+    ),
+    "self-containing alias in a scenario": (
+        lambda tmp, sc: ["--scenario", _write(tmp / "self.yaml", "workload: &a [*a]\n")],
+        "self.yaml: a YAML alias refers to a node that contains it",
+    ),
+    "20,000 nested lists in --space": (
+        lambda tmp, sc: [
+            "--scenario",
+            str(sc),
+            "--space",
+            _write(tmp / "deep.yaml", "[" * 20000 + "]" * 20000),
+        ],
+        "deep.yaml: nested too deeply; at most 100 levels",
     ),
 }
 
