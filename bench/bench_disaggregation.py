@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from objectives.scenario import Scenario, load_scenario
 from runners.capacity import evaluate
 from runners.sim.runner import SimRunner
-from tests.test_disaggregation import (
+from testing.disaggregation import (
     QUANT,
     best_capacity_per_chip,
     caveat_grid,
