@@ -40,7 +40,14 @@ from objectives.scoring import is_feasible, pick_best
 from runners.quality import quality_pair
 from search_spaces.space import GRID_POINTS, ROLE_KNOBS, SearchSpace
 from tuner.quality import EXCLUDED
-from tuner.study import StudyRun, TrialReport, best_trial, optimize, trial_knobs
+from tuner.study import (
+    StudyRun,
+    TrialReport,
+    best_trial,
+    has_running_trials,
+    optimize,
+    trial_knobs,
+)
 
 NUMERIC_LOG_STEP = 1.25  # a log-scaled knob's neighbours: times and divided by this
 # Default budgets: a simulated trial costs about a second, so the simulator polishes until no
@@ -212,21 +219,16 @@ class Polisher:
                 out.append(params)
         return out
 
-    def _others_running(self) -> bool:
-        """Whether another run is adding trials to the study now: queued trials are popped by
-        whichever run asks first (on SQLite two can pop the same one), so polish gives way and
-        a later plain run on the study polishes it."""
-        study = self.run.study
-        return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-
     def _left_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
     def run_queued(self, todo: list[dict[str, Any]]) -> int:
         """Measure the params for real (the screen, if any, stands aside); how many ran: none
-        once the time is up or while another run adds trials (_others_running)."""
+        once the time is up, or while another run adds trials to the study (a trial of its is
+        running): queued trials are popped by whichever run asks first (on SQLite two can pop
+        the same one), so polish gives way and a later plain run on the study polishes it."""
         left = self._left_s()
-        if not todo or (left is not None and left <= 0) or self._others_running():
+        if not todo or (left is not None and left <= 0) or has_running_trials(self.run.study):
             return 0
         for params in todo:
             self.run.study.enqueue_trial(params)
@@ -260,13 +262,13 @@ class Polisher:
             result.changes.append(f"trial {pick.number} -> {new_pick.number} ({changed})")
         return result
 
-    def refine_arms(self, per_arm: int) -> int:
-        """Search each arm (`arms`) a little, so that what the console and report compare
-        stands on both sides: first the best config so far with only the arm changed (a
+    def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
+        """Search each arm of `compared` (`arms`) a little, so that what the console and report
+        compare stands on both sides: first the best config so far with only the arm changed (a
         controlled comparison), then up to `per_arm` - 1 trials polishing the arm's own pick.
         How many trials ran."""
         ran = 0
-        for arm in arms(self.run):
+        for arm in compared:
             best = best_trial(self.run.study, self.run.scenario)
             budget = per_arm
             if best is not None:
@@ -292,7 +294,7 @@ def refine_and_polish(
     polisher = Polisher(run, on_trial, deadline)
     compared = arms(run)
     per_arm = min(ARM_TRIALS, budget // (len(compared) + 1))
-    refined = polisher.refine_arms(per_arm) if per_arm else 0
+    refined = polisher.refine_arms(compared, per_arm) if per_arm else 0
     polished = polisher.polish(budget - refined)
     if not per_arm:
         return polished.summary()

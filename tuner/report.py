@@ -26,7 +26,7 @@ from tuner.export import trial_export
 from tuner.ladder import ladder_rows
 from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
-from tuner.polish import arm_pick, trials_to_compare
+from tuner.polish import arm_pick, in_arm, trials_to_compare
 from tuner.quality import describe_figures
 from tuner.report_plots import (
     KNOB_COLUMNS,
@@ -135,12 +135,9 @@ def deployment_comparison(study: optuna.Study, scenario: Scenario) -> str | None
     best = best_by_deployment(study, scenario)
     if best is None:
         return None
+    measured = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     searched = {
-        name: sum(
-            1
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if trial_knobs(study, t).get("deployment") == name
-        )
+        name: sum(1 for t in measured if in_arm(study, t, {"deployment": name}))
         for name in DEPLOYMENTS
     }
     needed = trials_to_compare(study, ("deployment",))

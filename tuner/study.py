@@ -293,7 +293,7 @@ def balance_deployments(study: optuna.Study, space: SearchSpace) -> None:
     study.enqueue_trial({"deployment": min(counts, key=lambda choice: counts[choice])})
 
 
-def _running(study: optuna.Study) -> bool:
+def has_running_trials(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
 
@@ -333,7 +333,7 @@ def optimize(
             ran += 1
             if _grid_exhausted(run.study):
                 break
-        elif _running(run.study):
+        elif has_running_trials(run.study):
             time.sleep(min(1.0, heartbeat_interval(storage)))
         else:
             break
