@@ -36,7 +36,7 @@ class QualityFigure(_Strict):
     """One config's quality against the reference; a figure left None is not known."""
 
     # benchmark points below the reference (bf16 weights, KV 1.0)
-    accuracy_drop: float | None = None
+    accuracy_drop: Annotated[float, Field(ge=0)] | None = None
     # mean KL divergence from the reference's next-token distribution (nats)
     kl: Annotated[float, Field(ge=0)] | None = None
     # share of positions whose top token matches the reference
@@ -53,7 +53,7 @@ class QualityFigure(_Strict):
 class TableEntry(_Strict):
     quantization: Quantization
     kv_compression: Annotated[float, Field(ge=0.05, le=1.0)] = 1.0
-    accuracy_drop: float | None = None
+    accuracy_drop: Annotated[float, Field(ge=0)] | None = None
     kl: Annotated[float, Field(ge=0)] | None = None
     top1_agreement: Annotated[float, Field(ge=0, le=1)] | None = None
     source: Source  # required: a figure without its source cannot be weighed

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import math
 from importlib import resources
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from objectives import userfile
 
@@ -80,7 +88,9 @@ class LogNormal(_Bounded):
 
     kind: Literal["lognormal"]
     median: PositiveFloat
-    sigma: Annotated[float, Field(ge=0)]
+    # At 10 the 99th percentile is already 10^10 times the median (min and max truncate it);
+    # past about 37, exp(sigma^2 / 2) overflows a float.
+    sigma: Annotated[float, Field(ge=0, le=10)]
 
     @property
     def typical(self) -> float:
@@ -91,16 +101,24 @@ class LogNormal(_Bounded):
 LengthDistribution = Annotated[Fixed | Uniform | Normal | LogNormal, Field(discriminator="kind")]
 
 
+# One request per 1,000 s: a test at a lower rate lasts days on a real engine, and near 1e-300
+# the arrival times' arithmetic under- and overflows (a rate of 5e-324 never ended).
+MIN_RATE = 0.001
+# req/s: a million is beyond any one deployment's peak (and keeps fleet sizes readable numbers).
+MAX_RATE = 1_000_000.0
+Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE)]  # requests per second
+
+
 class Poisson(_Strict):
     kind: Literal["poisson"]
-    rate: PositiveFloat  # requests per second
+    rate: Rate
 
 
 class Gamma(_Strict):
     """Gamma inter-arrival times; burstiness 1 is Poisson, below 1 is burstier (as vLLM's bench)."""
 
     kind: Literal["gamma"]
-    rate: PositiveFloat
+    rate: Rate
     burstiness: PositiveFloat
 
 
@@ -165,11 +183,26 @@ class QualitySLO(_Strict):
     min_top1_agreement: Annotated[float, Field(gt=0, le=1)] | None = None
     # mean KL divergence from the reference's next-token distribution (nats)
     max_kl: PositiveFloat | None = None
+    # all: every bound set applies, and a run that cannot supply one of its figures is refused
+    # (a scenario of your own). supplied: one SLO stated in several forms (the presets': points
+    # for a quality table, KL and top-1 for a runner that measures them); each form applies
+    # where the run's sources supply its figure, and at least one must.
+    apply: Literal["all", "supplied"] = "all"
 
     def bounds(self) -> dict[str, float]:
         """The figure each set field bounds (objectives.quality.FIGURES) and its limit."""
         limits = {figure: getattr(self, field) for figure, field in QUALITY_SLO_FIELDS.items()}
         return {figure: limit for figure, limit in limits.items() if limit is not None}
+
+    def only(self, figures: list[str]) -> QualitySLO:
+        """The bounds on these figures, applied in full (what a run of a `supplied` SLO keeps)."""
+        kept = {QUALITY_SLO_FIELDS[f]: limit for f, limit in self.bounds().items() if f in figures}
+        return QualitySLO.model_validate(kept)
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{QUALITY_SLO_FIELDS[figure]} {limit:g}" for figure, limit in self.bounds().items()
+        )
 
 
 # Each quality figure and the SLO field that bounds it (top-1 agreement from below, the others
@@ -181,7 +214,6 @@ QUALITY_SLO_FIELDS = {
 }
 
 
-MAX_PEAK_RATE = 1_000_000.0  # req/s
 # The capacity search's default floor is the nominal rate over this: low enough that the
 # configs users run today (the seed article's batch 8-16 serve 1/2-1/5 of customer-service's
 # nominal rate) get a capacity, four halvings that stop early on a miss.
@@ -203,12 +235,11 @@ class Load(_Strict):
 
     mode: Literal["capacity", "fixed"] = "capacity"
     precision: Annotated[float, Field(gt=0, le=0.5)] = 0.05  # relative width of the final bracket
-    min_rate: PositiveFloat | None = None  # default: nominal / MIN_RATE_DIVISOR
-    max_rate: PositiveFloat | None = None  # default: 64 x the nominal rate
+    min_rate: Rate | None = None  # default: nominal / MIN_RATE_DIVISOR
+    max_rate: Rate | None = None  # default: 64 x the nominal rate
     max_trial_s: PositiveFloat | None = None  # stop a trial's search after this long (real engines)
-    # req/s at peak: the front and export size the fleet. A million req/s is beyond any one
-    # deployment's peak (and keeps the instance count a readable number).
-    peak_rate: Annotated[float, Field(gt=0, le=MAX_PEAK_RATE)] | None = None
+    # req/s at peak: the front and export size the fleet
+    peak_rate: Rate | None = None
     early_rejection: bool = True
 
 
@@ -224,8 +255,14 @@ class Scenario(_Strict):
     # offered rate, so many configs tie on it and the second objective should decide).
     tie_tolerance: Annotated[float, Field(ge=0, le=0.5)] = 0.01
     load: Load = Load()
-    # what the configs may cost in accuracy (none: not constrained)
+    # what the configs may cost in accuracy (absent or `none`: not constrained)
     quality: QualitySLO | None = None
+
+    @field_validator("quality", mode="before")
+    @classmethod
+    def _none_means_unconstrained(cls, value: Any) -> Any:
+        # `quality: none` says so in words where a preset's copy drops its quality SLO
+        return None if value == "none" else value
 
     @model_validator(mode="after")
     def _rate_bounds_bracket(self):

@@ -56,6 +56,14 @@ class MindIERunner(ServedRunner):
     settings_model = MindIESettings
     settings: MindIESettings
 
+    def quality_unmeasurable(self) -> str | None:
+        # The figure is read from prompt_logprobs, a vLLM extension of the OpenAI API that
+        # MindIE's OpenAI-compatible API does not document (unverified on a real MindIE).
+        return (
+            "the mindie runner measures no quality (its OpenAI-compatible API returns no "
+            "prompt_logprobs, the vLLM extension the figure is read from)"
+        )
+
     def __init__(self, settings: MindIESettings, hardware: str | None = None):
         super().__init__(settings, hardware)
         self.installed_config = settings.install_dir / "conf" / "config.json"

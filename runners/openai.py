@@ -93,6 +93,13 @@ class OpenAIRunner(ServedRunner):
                 f"kv_compression 1): {how}"
             )
 
+    def quality_unmeasurable(self) -> str | None:
+        try:
+            self._can_start_the_reference()
+        except QualityUnavailable as error:
+            return str(error)
+        return None
+
     def measure_quality(
         self, config: dict[str, Any], session: Session, eval_prompts: list[str]
     ) -> QualityFigure:

@@ -181,6 +181,11 @@ class ServedRunner:
         """The model's tokenizer (the one every load's prompts are made with)."""
         return self._loaded_prompt_maker().tokenizer
 
+    def quality_unmeasurable(self) -> str | None:
+        """Why this runner cannot measure quality in any trial, known before a study (None: it
+        can try; a pair it then fails to measure falls back to the quality table)."""
+        return None
+
     def measure_quality(self, config: dict[str, Any], session: Session, eval_prompts: list[str]):
         """The config's QualityFigure, measured in its running session against the reference
         config (bf16 weights, KV 1.0); raises runners.quality.QualityUnavailable with the reason."""

@@ -219,8 +219,20 @@ class SearchSpace:
         """Raise max_prefill_tokens' floor to the longest prompt: below it no prompt could start."""
         spec = self.ranges.get("max_prefill_tokens")
         need = workload.longest_prompt
-        if spec is None or spec.low is None or spec.high is None:
+        if spec is None:
             return self
+        if spec.low is None or spec.high is None:  # a fixed value or a list of choices
+            listed = spec.listed() or []
+            if listed and max(listed) < need:
+                raise InputError(
+                    f"{self.source}: knobs.max_prefill_tokens: "
+                    f"{', '.join(f'{v:g}' for v in listed)} is below the longest prompt of "
+                    f"{scenario_source} ({need} tokens): no prompt that long could start"
+                )
+            kept = [v for v in listed if v >= need]
+            if len(kept) == len(listed):
+                return self
+            return self.restrict("max_prefill_tokens", kept, f"the longest prompt is {need} tokens")
         if spec.low >= need:
             space = self._with(dict(self.ranges), list(self.notes))
             space.hard_ends["max_prefill_tokens.low"] = (

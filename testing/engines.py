@@ -44,8 +44,8 @@ def engine_scenario(
         "output_tokens": {"kind": "uniform", "low": output[0], "high": output[1]},
     }
     data["sla"] = {"ttft_p99_ms": ttft_ms}
-    # The preset's quality SLO bounds benchmark points, which only a quality table knows, and no
-    # table covers the tiny random model: these studies test serving, not quality.
+    # These studies test serving, not quality: the preset's KL and top-1 forms would have every
+    # study measure each (precision, KV) pair first.
     data["quality"] = None
     return Scenario.model_validate(data)
 

@@ -18,7 +18,7 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from tests.conftest import run_autotune
-from tests.test_bad_input import _scenario_with, _write
+from tests.test_bad_input import _quality_table, _scenario_with, _write
 from tests.test_samplers_and_storage import POSTGRES
 
 # 10 values, each level ten of the one before: 10^8 once expanded, in 400 bytes.
@@ -201,6 +201,58 @@ CASES = {
             _write(tmp / "deep.yaml", "[" * 20000 + "]" * 20000),
         ],
         "deep.yaml: nested too deeply; at most 100 levels",
+    ),
+    # issue 30, item 3: wrong exits and tracebacks of the third battery
+    "export to a folder name": (
+        lambda tmp, sc: ["--scenario", str(sc), "--export", "newdir/"],
+        "--export",
+        "names a directory",
+    ),
+    "a fixed max_prefill_tokens below the longest prompt": (
+        lambda tmp, sc: [
+            "--scenario",
+            str(sc),
+            "--space",
+            _write(tmp / "space.yaml", "knobs:\n  max_prefill_tokens: {value: 64}\n"),
+        ],
+        "knobs.max_prefill_tokens: 64 is below the longest prompt",
+    ),
+    "a negative accuracy drop in a quality table": (
+        lambda tmp, sc: [
+            "--scenario",
+            str(sc),
+            "--quality",
+            _quality_table(tmp, lambda entries: entries[-1].update(accuracy_drop=-2.0)),
+        ],
+        "accuracy_drop: Input should be greater than or equal to 0",
+    ),
+    "a lognormal sigma whose mean overflows": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: d["workload"].update(
+                    input_tokens={
+                        "kind": "lognormal",
+                        "median": 300,
+                        "sigma": 38,
+                        "min": 1,
+                        "max": 700,
+                    }
+                ),
+            ),
+        ],
+        "workload.input_tokens.lognormal.sigma: Input should be less than or equal to 10",
+    ),
+    "a rate of 5e-324": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp, sc, lambda d: d["workload"].update(arrival={"kind": "poisson", "rate": 5e-324})
+            ),
+        ],
+        "workload.arrival.poisson.rate: Input should be greater than or equal to 0.001",
     ),
 }
 

@@ -28,7 +28,7 @@ from runners.sim.calibration import (
 from runners.sim.profiles import load_hardware, load_model
 from runners.sim.profiling import fit_matmul_peaks, fit_roofline, import_torch
 from runners.sim.runner import SimRunner
-from tests.conftest import calibrate_summary, run_autotune
+from tests.conftest import calibrate_summary, run_autotune, small_scenario
 
 ENGINE_FIGURES = ("memory_fraction", "runtime_reserve_gb", "prefill_step_overhead_ms")
 
@@ -89,6 +89,14 @@ def test_profile_hardware_measures_this_cpu(tiny_model: Path, tmp_path: Path):
     assert 0 < profile.mbu.value <= 1.0 and profile.mfu.value == 1.0
     # int8 went through the same fit as bf16 (where this CPU has an int8 kernel)
     assert profile.int8_tops.source == "assumed" or "as bf16_tflops" in profile.int8_tops.note
+    # no link between devices was measured, so none is claimed (the base's NVLink was copied):
+    # a chip budget on this profile, with no --space, is refused naming kv_link
+    assert profile.kv_link is None
+    budget = run_autotune(
+        "--scenario", "customer-service", "--hardware", "cpu.yaml", "--chips", "2",
+        "--trials", "1", cwd=tmp_path,
+    )  # fmt: skip
+    assert budget.returncode == 2 and "--hardware: cpu states no kv_link figures" in budget.stderr
 
 
 def test_int8_and_bf16_peaks_are_fitted_the_same_way():
@@ -418,3 +426,27 @@ def test_llamacpp_scheduler_has_no_select_batch_switch():
             results[engine, mode] = float(np.percentile(m.first_token_s - m.send_s, 99))
     assert results["llamacpp", "prefill-first"] == results["llamacpp", "decode-first"]
     assert results["vllm", "prefill-first"] != results["vllm", "decode-first"]
+
+
+def test_a_fixed_load_is_replayed_on_the_window_it_judged():
+    """A fixed-mode trial whose load was extended (unsettled at num_requests) judged 4,000
+    requests; calibration replays that window, not the scenario's 200, as it does a capacity
+    step's."""
+    from tuner.observations import study_observations
+
+    scenario = small_scenario(requests=200).model_dump(mode="json")
+    scenario["load"] = {"mode": "fixed"}
+    study = optuna.create_study(directions=["minimize", "maximize"])
+    study.set_user_attr("scenario", scenario)
+    knobs = {"batch_size": 16, "quantization": "bf16", "kv_compression": 1.0}
+    metrics = {"ttft_p50_ms": 40.0, "ttft_p99_ms": 90.0, "tpot_p50_ms": 20.0}
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=[90.0, 500.0],
+            user_attrs={"knobs": knobs, "horizon_requests": 4000, "output_tokens_per_s": 500.0}
+            | metrics,
+        )
+    )
+    (observation,) = study_observations(study)
+    assert observation.requests == 4000 and observation.rate == 6.0
+    assert observation.config == knobs

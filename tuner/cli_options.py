@@ -104,7 +104,7 @@ TUNE_OPTIONS = {
     "export": click.option(
         "--export",
         "export_path",
-        type=click.Path(path_type=Path),
+        type=flags.OUTPUT_FILE,
         default=Path("best-config.yaml"),
         show_default=True,
     ),
@@ -117,7 +117,7 @@ TUNE_OPTIONS = {
     "html": click.option(
         "--html",
         "html_path",
-        type=click.Path(path_type=Path),
+        type=flags.OUTPUT_FILE,
         help="HTML report and its Pareto PNG (default: beside --export, NAME.report.html)",
     ),
     "no_html": click.option("--no-html", is_flag=True, help="write no HTML report"),

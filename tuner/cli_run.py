@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from objectives.userfile import InputError
 from search_spaces.edges import range_edges
 from tuner.console import err, out
 from tuner.cost import CHIP_COST_ATTR
@@ -63,7 +65,7 @@ def tune(
 ) -> list[TrialReport]:
     """The study's trials, then (`polish_trials`, None for the runner's default) the pick's
     one-knob neighbourhood (tuner.polish)."""
-    for note in p.space.notes:
+    for note in (*p.space.notes, *p.notes):
         err.print(f"[dim]note: {escape(note)}[/dim]")
     every_knob_fixed = all(dist.single() for dist in p.space.distributions().values())
     if every_knob_fixed and trials > 1:
@@ -105,12 +107,26 @@ def tune(
     return run.reports
 
 
+@contextmanager
+def _writing(flag: str, path: Path, study: optuna.Study, later: str):
+    """An output written after the study: a full disk is one line, and says that the measured
+    trials are kept and how to write the file once there is room."""
+    try:
+        yield
+    except OSError as error:
+        raise InputError(
+            f"{flag}: cannot write {path}: {error.strerror}; the study's trials are kept: write "
+            f"it later with `autotune {later} --study {study.study_name}`"
+        ) from None
+
+
 def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
     """The report of a run or a night; none while the study has no measured trial to show."""
     if "--html" in outputs and p.study.get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)
     ):
-        write_report(p.study, p.storage.engine, outputs["--html"])
+        with _writing("--html", outputs["--html"], p.study, "report"):
+            write_report(p.study, p.storage.engine, outputs["--html"])
         out.print(f"report: {outputs['--html']}", markup=False)
 
 
@@ -155,7 +171,8 @@ def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) ->
             out.print(closest, markup=False, soft_wrap=True)
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
         sys.exit(EXIT_NO_FEASIBLE)
-    export_trial(study, best, export_path)
+    with _writing("--export", export_path, study, "export"):
+        export_trial(study, best, export_path)
     out.print(f"best: trial {best.number} ({scenario.pick}) -> {export_path}", markup=False)
     compared = deployment_comparison(study, scenario)  # a chip budget, both deployments feasible
     if compared is not None:

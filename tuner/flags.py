@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import click
 
@@ -31,3 +33,19 @@ SECONDS = FiniteRange(min=0, min_open=True)
 HEARTBEAT_SECONDS = click.IntRange(1, MAX_HEARTBEAT_S)
 PRICE = FiniteRange(min=0, min_open=True, max=1e9)  # per chip-hour, any currency
 POLISH = click.IntRange(0, MAX_COUNT)
+
+
+class OutputFile(click.Path):
+    """A file to write: a value ending in a path separator names a directory, which Path would
+    silently read as a file of that name."""
+
+    def __init__(self):
+        super().__init__(path_type=Path)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.endswith(("/", os.sep)):
+            self.fail(f"{value!r} names a directory; give a file path in it", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+OUTPUT_FILE = OutputFile()

@@ -110,9 +110,9 @@ def ladder_rows(study: optuna.Study) -> tuple[list[str], list[list[str]]]:
 
 def ladder_table(study: optuna.Study) -> Table:
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
-    slo = scenario.quality.model_dump(exclude_none=True) if scenario.quality else {}
+    slo = scenario.quality.describe() if scenario.quality else ""
     title = "Quality ladder: what each step down in accuracy buys" + (
-        f" (quality SLO: {', '.join(f'{k} {v:g}' for k, v in slo.items())})" if slo else ""
+        f" (quality SLO: {slo})" if slo else ""
     )
     head, rows = ladder_rows(study)
     table = Table(title=title)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 
 import click
 
@@ -44,7 +43,7 @@ from tuner.study import best_trial, snapshot, trial_knobs
 @click.option(
     "--report",
     "report_path",
-    type=click.Path(path_type=Path),
+    type=flags.OUTPUT_FILE,
     help="markdown report (default: beside --export)",
 )
 @click.option(

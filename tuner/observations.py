@@ -19,7 +19,12 @@ def study_observations(study: optuna.Study) -> list[Observation]:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = trial.user_attrs
         steps = attrs.get("capacity_steps") or [
-            {"rate": scenario.nominal_rate, **{k: attrs.get(k) for k in METRICS}}
+            {
+                "rate": scenario.nominal_rate,
+                # the window it judged, which an unsettled load extended past num_requests
+                "horizon_requests": attrs.get("horizon_requests"),
+                **{k: attrs.get(k) for k in METRICS},
+            }
         ]
         for step in steps:
             measured = {

@@ -43,6 +43,7 @@ class Prepared:
     screen: Screen | None = None
     sampler: str = ""  # which sampler runs, for the console (describe)
     quality: QualityBook | None = None  # each trial's quality figure
+    notes: tuple[str, ...] = ()  # for the console, beside the space's
 
 
 def user_file(value: str | Path | None) -> Path | None:
@@ -152,7 +153,7 @@ def prepare(
     quality = plan_quality(
         chosen, f"--scenario {scenario}", runner, space, quality_path, quality_prompts_path
     )
-    space = quality.space
+    space, chosen = quality.space, quality.scenario
     ceiling = runner.batch_ceiling(space, chosen.workload)
     if ceiling is not None:
         space = space.with_ceiling("batch_size", *ceiling)
@@ -200,7 +201,7 @@ def prepare(
     if chip_cost_per_hour is not None:  # the latest price: the front and exports show it
         study.set_user_attr(CHIP_COST_ATTR, chip_cost_per_hour)
     study.set_user_attr(EXCLUDED, quality.excluded)
-    book = quality.book(study, runner)
+    book = quality.book(study, runner, rdb)
     if baseline is not None:
         dists = space.distributions()
         study.enqueue_trial(
@@ -211,7 +212,15 @@ def prepare(
         screening.attach(rdb, name)
         screening.quality = book.table_only()
     return Prepared(
-        chosen, runner, space, study, rdb, screening, describe(sampler, simulated), book
+        chosen,
+        runner,
+        space,
+        study,
+        rdb,
+        screening,
+        describe(sampler, simulated),
+        book,
+        tuple(quality.notes),
     )
 
 

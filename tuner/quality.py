@@ -26,6 +26,10 @@ from tuner.console import err
 MEASURED = "quality_measured:"  # per pair: a measured figure and its cost
 UNAVAILABLE = "quality_unavailable:"  # per pair: why the runner could not measure it
 REFERENCE_UNAVAILABLE = "quality_reference_unavailable"  # why no reference could be measured
+# A claimed pair whose figure is not recorded after this long was claimed by a worker that
+# died: a later trial takes the claim over (a measurement takes seconds to a few minutes).
+CLAIM_STALE_S = 900
+CLAIM_POLL_S = 0.5
 EXCLUDED = "quality_excluded"  # pairs the space dropped before the study, with their figures
 FIGURE_NAMES = {"accuracy_drop": "accuracy drop", "kl": "KL", "top1_agreement": "top-1 agreement"}
 
@@ -71,6 +75,9 @@ class QualityBook:
     measure_s: float = 0.0  # what measuring them cost, in seconds
     # the runner's prepare_quality: the reference, measured alone
     prepare: Callable[..., None] | None = None
+    # claims a pair's measurement for this worker (tuner.storage.claim_pair; False: another
+    # worker measures it, wait for its figure); None: this process is the study's only writer
+    claim: Callable[[str], bool] | None = None
     log: Callable[[str], None] = field(
         default=lambda line: err.print(line, markup=False, highlight=False)
     )
@@ -90,6 +97,9 @@ class QualityBook:
 
         def hook(session) -> None:
             if isinstance(session, FailedSession) or self._recorded(pair):
+                return
+            if self.claim is not None and not self.claim(pair_key(pair)):
+                self._await(pair)
                 return
             self._measure(config, session, pair)
 
@@ -113,6 +123,18 @@ class QualityBook:
                 self.study.set_user_attr(REFERENCE_UNAVAILABLE, reason)
         self.study.set_user_attr(UNAVAILABLE + pair_key(pair), reason)
         self.log(f"quality: {pair_key(pair)} not measured: {reason}")
+
+    def _await(self, pair: tuple[str, float]) -> None:
+        """Another worker measures the pair: wait for its figure (or its reason), so this trial
+        carries the same one; a claim it never fulfils is taken over by a later trial."""
+        key = pair_key(pair)
+        self.log(f"quality: {key} is being measured by another worker; waiting for its figure")
+        deadline = time.monotonic() + CLAIM_STALE_S
+        while not self._recorded(pair):
+            if time.monotonic() > deadline:
+                self.log(f"quality: {key}: no figure from the other worker in {CLAIM_STALE_S} s")
+                return
+            time.sleep(CLAIM_POLL_S)
 
     def _recorded(self, pair: tuple[str, float]) -> bool:
         attrs = self.study.user_attrs

@@ -23,7 +23,15 @@ from objectives.userfile import InputError
 from runners.base import Runner
 from runners.quality import load_eval_prompts
 from search_spaces.space import SearchSpace
-from tuner.quality import AppliedTable, QualityBook, describe_figures, merged_attrs, pair_key
+from tuner.quality import (
+    CLAIM_STALE_S,
+    AppliedTable,
+    QualityBook,
+    describe_figures,
+    merged_attrs,
+    pair_key,
+)
+from tuner.storage import claim_pair
 
 # What a runner's measure_quality returns: teacher-forced log-probabilities against the
 # reference, so KL and top-1 agreement, never benchmark accuracy.
@@ -41,11 +49,23 @@ class QualityPlan:
     table: AppliedTable | None
     prompts: list[str] | None
     space: SearchSpace
+    scenario: Scenario  # with the quality SLO this run applies
+    notes: list[str]  # which forms of the SLO apply, and why the others do not
     # the pairs dropped before the study, with their figures
     excluded: list[dict[str, Any]] = field(default_factory=list)
 
-    def book(self, study: optuna.Study, runner: Runner) -> QualityBook:
-        return _book(study, runner, self.table, self.prompts)
+    def book(
+        self,
+        study: optuna.Study,
+        runner: Runner,
+        storage: optuna.storages.RDBStorage | None = None,
+    ) -> QualityBook:
+        """The study's book; with its storage, workers sharing the study claim each pair."""
+        book = _book(study, runner, self.table, self.prompts)
+        if storage is not None:
+            name = study.study_name
+            book.claim = lambda pair: claim_pair(storage, name, pair, CLAIM_STALE_S)
+        return book
 
 
 def _book(
@@ -54,7 +74,7 @@ def _book(
     identity = runner.identity()
     return QualityBook(
         study,
-        getattr(runner, "measure_quality", None),
+        getattr(runner, "measure_quality", None) if unmeasurable(runner) is None else None,
         table,
         prompts,
         identity["model"],
@@ -72,7 +92,7 @@ def default_book(study: optuna.Study, runner: Runner) -> QualityBook:
 
 
 def _prompts(runner: Runner, path: Path | None) -> list[str] | None:
-    return None if getattr(runner, "measure_quality", None) is None else load_eval_prompts(path)
+    return None if unmeasurable(runner) is not None else load_eval_prompts(path)
 
 
 def _applied_table(quality_path: Path | None, model: str) -> AppliedTable | None:
@@ -110,39 +130,107 @@ def _check_coverage(table: AppliedTable, space: SearchSpace) -> None:
             )
 
 
+def unmeasurable(runner: Runner) -> str | None:
+    """Why the runner cannot measure quality in this study (None: it measures KL and top-1)."""
+    if getattr(runner, "measure_quality", None) is None:
+        return f"the {runner.identity()['runner']} runner measures no quality"
+    why = getattr(runner, "quality_unmeasurable", None)
+    return None if why is None else why()
+
+
+def _lacking(
+    figure: str, measures: bool, table: AppliedTable | None, space: SearchSpace
+) -> list[tuple[str, float]]:
+    """The searched pairs whose `figure` no source of this run supplies."""
+    if measures and figure in RUNNER_MEASURES:
+        return []
+    return [
+        pair
+        for pair in _pairs(space)
+        if table is None or getattr(table.figure(pair), figure, None) is None
+    ]
+
+
+def _where_lacking(
+    model: str, table: AppliedTable | None, figure: str, lacking: list[tuple[str, float]]
+) -> str:
+    if table is None:
+        return f"no quality table covers the model {model!r}"
+    return f"{table.source} gives no {figure} for {pair_key(lacking[0])}"
+
+
+def _apply_supplied(
+    scenario: Scenario,
+    source: str,
+    runner: Runner,
+    table: AppliedTable | None,
+    space: SearchSpace,
+) -> tuple[Scenario, list[str]]:
+    """A `supplied` SLO keeps the forms this run's sources supply (at least one); the notes say
+    which apply and why the others do not."""
+    slo = scenario.quality
+    if slo is None or slo.apply != "supplied":
+        return scenario, []
+    why_not = unmeasurable(runner)
+    model = runner.identity()["model"]
+    lacking = {f: _lacking(f, why_not is None, table, space) for f in slo.bounds()}
+    supplied = [f for f, pairs in lacking.items() if not pairs]
+
+    if not supplied:
+        missing = (
+            f"no quality table covers the model {model!r}"
+            if table is None
+            else f"{table.source} gives none of {', '.join(lacking)} for every searched pair"
+        )
+        raise InputError(
+            f"{source}: quality: this run can supply none of its figures ("
+            + (f"{why_not} and " if why_not else "")
+            + f"{missing}); give --quality FILE (a table for {model!r}), a runner that measures "
+            "KL and top-1 (--runner vllm or llamacpp), or a scenario file with `quality: none`"
+        )
+    applied = slo.only(supplied)
+    origins = [
+        "measured by the runner"
+        if why_not is None and f in RUNNER_MEASURES
+        else (table.source if table is not None else "")
+        for f in supplied
+    ]
+    from_where = ", ".join(dict.fromkeys(origins))
+    note = f"quality SLO of {source}: applies {applied.describe()} ({from_where})"
+    skipped = [f for f in lacking if f not in supplied]
+    if skipped:
+        names = ", ".join(QUALITY_SLO_FIELDS[f] for f in skipped)
+        measured = why_not is not None and any(f in RUNNER_MEASURES for f in skipped)
+        no_table = (
+            f"no quality table covers {model!r}" if table is None else f"{table.source} lacks them"
+        )
+        note += f"; not {names}: " + (f"{why_not}, and " if measured else "") + no_table
+    return scenario.model_copy(update={"quality": applied}), [note]
+
+
 def _check_answerable(
     scenario: Scenario, source: str, runner: Runner, table: AppliedTable | None, space: SearchSpace
 ) -> None:
     """Each figure the SLO bounds must come from the runner or, for every searched pair, the
     table."""
-    measures = getattr(runner, "measure_quality", None) is not None
+    why_not = unmeasurable(runner)
     name, model = runner.identity()["runner"], runner.identity()["model"]
     for figure in scenario.quality.bounds() if scenario.quality else {}:
-        if measures and figure in RUNNER_MEASURES:
-            continue
-        lacking = [
-            pair
-            for pair in _pairs(space)
-            if table is None or getattr(table.figure(pair), figure, None) is None
-        ]
+        lacking = _lacking(figure, why_not is None, table, space)
         if not lacking:
             continue
-        where = (
-            f"no quality table covers the model {model!r}"
-            if table is None
-            else f"{table.source} gives no {figure} for {pair_key(lacking[0])}"
-        )
         runner_part = (
             f"the {name} runner measures only KL and top-1 agreement"
-            if measures
-            else f"the {name} runner measures no quality"
+            if why_not is None
+            else why_not
         )
         raise InputError(
-            f"{source}: quality.{QUALITY_SLO_FIELDS[figure]}: {runner_part} and {where}; "
+            f"{source}: quality.{QUALITY_SLO_FIELDS[figure]}: {runner_part} and "
+            f"{_where_lacking(model, table, figure, lacking)}; "
             f"supply the figure with --quality FILE (a table of {figure} per precision"
             + (
                 ")"
-                if measures
+                if why_not is None
                 else ") or use a runner that measures it (--runner vllm or llamacpp)"
             )
         )
@@ -203,21 +291,23 @@ def plan_quality(
     quality_path: Path | None,
     prompts_path: Path | None,
 ) -> QualityPlan:
-    """Read the quality inputs, check that the SLO can be answered, narrow the space where the
-    table alone decides (a runner that measures nothing). Raises InputError before any storage."""
-    measures = getattr(runner, "measure_quality", None) is not None
+    """Read the quality inputs, keep the SLO's forms this run can supply (a `supplied` SLO),
+    check that the SLO can be answered, narrow the space where the table alone decides (a
+    runner that measures nothing). Raises InputError before any storage."""
+    why_not = unmeasurable(runner)
     identity = runner.identity()
-    if prompts_path is not None and not measures:
+    if prompts_path is not None and why_not is not None:
         raise InputError(
-            f"--quality-prompts: the {identity['runner']} runner measures no quality (it reads the "
-            "quality table); give it with --runner vllm or llamacpp"
+            f"--quality-prompts: {why_not} (it reads the quality table); give it with --runner "
+            "vllm or llamacpp"
         )
     prompts = _prompts(runner, prompts_path)
     table = _applied_table(quality_path, identity["model"])
     if table is not None:
         _check_coverage(table, space)
+    scenario, notes = _apply_supplied(scenario, source, runner, table, space)
     _check_answerable(scenario, source, runner, table, space)
     excluded: list[dict[str, Any]] = []
-    if table is not None and not measures and scenario.quality is not None:
+    if table is not None and why_not is not None and scenario.quality is not None:
         space, excluded = _narrow(scenario, source, table, space)
-    return QualityPlan(table, prompts, space, excluded)
+    return QualityPlan(table, prompts, space, scenario, notes, excluded)

@@ -64,7 +64,7 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
             f"; {attrs['instances_for_peak']} instances for the peak of "
             f"{scenario.load.peak_rate:g} req/s"
         )
-    slo = scenario.quality.model_dump(exclude_none=True) if scenario.quality else {}
+    slo = scenario.quality.describe() if scenario.quality else ""
     load = f"{scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}"
     label = deployment_label(knobs)
     chips = study.user_attrs.get("identity", {}).get("chips")
@@ -79,8 +79,7 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
         ["TTFT p99", f"{best.values[0]:.0f} ms at {load} (SLA {scenario.sla.ttft_p99_ms:g} ms)"],
         [
             "quality",
-            describe_figures(attrs)
-            + (f" (SLO: {', '.join(f'{k} {v:g}' for k, v in slo.items())})" if slo else ""),
+            describe_figures(attrs) + (f" (SLO: {slo})" if slo else ""),
         ],
         ["quality source", attrs.get("quality_note", "-")],
     ]

@@ -53,7 +53,7 @@ def write_profile(path: Path, profile: HardwareProfile, header: str) -> None:
     "-o",
     "--output",
     "output_path",
-    type=click.Path(path_type=Path),
+    type=flags.OUTPUT_FILE,
     required=True,
     help="the hardware YAML to write",
 )
@@ -166,7 +166,7 @@ def _trial_table(rows: list[dict]) -> Table:
     "-o",
     "--output",
     "output_path",
-    type=click.Path(path_type=Path),
+    type=flags.OUTPUT_FILE,
     required=True,
     help="the calibrated hardware YAML",
 )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import warnings
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from objectives.userfile import InputError, first_line
 from tuner.schema_lock import schema_creation
 
 DEFAULT_STORAGE = "sqlite:///studies.db"
+WORKER = f"{socket.gethostname()}:{os.getpid()}"  # who holds a claim or ran a trial
 
 
 class Base(DeclarativeBase):
@@ -288,6 +291,46 @@ def release_claim(storage: optuna.storages.RDBStorage, study_name: str) -> None:
             .where(TrialBudget.study_name == study_name)
             .values(claimed=TrialBudget.claimed - 1)
         )
+
+
+class QualityClaim(Base):
+    """Which worker measures a (precision, KV) pair of a study: the first to insert the row.
+    The others wait for its figure, so every trial of a pair carries the same one."""
+
+    __tablename__ = "autotune_quality_claims"
+
+    study_name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    pair: Mapped[str] = mapped_column(String(128), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(256))  # host:pid
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+def claim_pair(
+    storage: optuna.storages.RDBStorage, study_name: str, pair: str, stale_after_s: float
+) -> bool:
+    """Claim the measurement of `pair` (atomic: the primary key admits one row), or take over a
+    claim older than `stale_after_s` whose holder never recorded a figure (it died)."""
+    now = datetime.now(timezone.utc)
+    try:
+        with Session(storage.engine) as session, session.begin():
+            session.add(
+                QualityClaim(study_name=study_name, pair=pair, holder=WORKER, claimed_at=now)
+            )
+        return True
+    except IntegrityError:
+        pass
+    stale = now - timedelta(seconds=stale_after_s)
+    with Session(storage.engine) as session, session.begin():
+        taken = session.execute(
+            update(QualityClaim)
+            .where(
+                QualityClaim.study_name == study_name,
+                QualityClaim.pair == pair,
+                QualityClaim.claimed_at < stale,
+            )
+            .values(holder=WORKER, claimed_at=now)
+        )
+        return rows_matched(taken) == 1
 
 
 class NightlyRun(Base):

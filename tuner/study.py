@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 import warnings
@@ -35,10 +33,9 @@ from tuner.console import err
 from tuner.interrupts import interrupts_deferred
 from tuner.quality import QualityBook, trial_figures
 from tuner.quality_plan import default_book
-from tuner.storage import claim_trial, ensure_budget, release_claim, save_snapshot
+from tuner.storage import WORKER, claim_trial, ensure_budget, release_claim, save_snapshot
 from tuner.study_guards import check_comparable
 
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
 CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization's key
 # Study attribute: where the last run's best config sits on an end of a searched range.
 RANGE_EDGES = "range_edges"

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from objectives.scenario import Scenario, load_scenario, preset_names
 from objectives.userfile import InputError
+from tuner import flags
 from tuner import nightly as night
 from tuner.cli_options import storage_option
 from tuner.cli_run import export_trial
@@ -133,7 +134,7 @@ def pareto(storage, study_name, as_json):
     "-o",
     "--output",
     "output_path",
-    type=click.Path(path_type=Path),
+    type=flags.OUTPUT_FILE,
     default=Path("report.html"),
     show_default=True,
     help="the HTML file; its Pareto plot goes beside it as .png",
@@ -158,7 +159,7 @@ def report_cmd(storage, study_name, output_path):
 @click.option(
     "--export",
     "export_path",
-    type=click.Path(path_type=Path),
+    type=flags.OUTPUT_FILE,
     default=Path("best-config.yaml"),
     show_default=True,
 )

@@ -20,7 +20,8 @@ through torch_npu). What each figure of the profile becomes:
 - memory_gb: the device memory free now.
 The engine's own figures (memory_fraction, runtime_reserve_gb, prefill_step_overhead_ms) are not
 properties of the device: they keep the base profile's values, marked assumed, and
-`autotune calibrate` fits the overheads to real trials.
+`autotune calibrate` fits the overheads to real trials. The link between devices (kv_link) is
+not measured and not copied: a profile for a disaggregated deployment has it added by hand.
 """
 
 from __future__ import annotations
@@ -368,5 +369,8 @@ def profile_hardware(
             "per_sequence_overhead_ms": measured(
                 sampling_s * 1e3, f"softmax and argmax over {model.vocab} logits"
             ),
+            # One device is measured, never a link between two: the base's link (h100's NVLink)
+            # would pass for this device's. A disaggregated deployment needs kv_link added.
+            "kv_link": None,
         }
     )
