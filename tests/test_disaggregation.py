@@ -28,7 +28,7 @@ from runners.measurement import summarize
 from runners.sim.disaggregated import DecodeOnly, DisaggregatedSession
 from runners.sim.engine import Simulation
 from runners.sim.prefill_only import prefill_ends
-from runners.sim.router import fleet_workload, replica_requests
+from runners.sim.router import at_fleet_rate, replica_requests
 from runners.sim.runner import DEFAULTS, SimRunner
 from runners.workload import Requests
 from search_spaces.space import ROLE_KNOBS, SearchSpace
@@ -65,18 +65,18 @@ def _pd(prefill: int, decode: int, **knobs: Any) -> dict[str, Any]:
 # --- the router ------------------------------------------------------------------------------
 
 
-def test_fleet_workload_scales_the_rate_or_the_requests_in_flight():
+def test_at_fleet_rate_scales_the_rate_or_the_requests_in_flight():
     base = load_scenario("customer-service").workload  # Poisson, 6 req/s
-    fleet = fleet_workload(base, 8)
+    fleet = at_fleet_rate(base, 8)
     assert isinstance(fleet.arrival, Poisson)
     assert fleet.arrival.rate == pytest.approx(48.0)
     assert fleet.num_requests == base.num_requests
     bursty = base.model_copy(update={"arrival": Gamma(kind="gamma", rate=2.0, burstiness=0.5)})
-    scaled = fleet_workload(bursty, 3).arrival
+    scaled = at_fleet_rate(bursty, 3).arrival
     assert isinstance(scaled, Gamma)
     assert (scaled.rate, scaled.burstiness) == (6.0, 0.5)  # burstiness is no rate
     closed = base.model_copy(update={"arrival": Closed(kind="closed", concurrency=5)})
-    assert fleet_workload(closed, 4).arrival == Closed(kind="closed", concurrency=20)
+    assert at_fleet_rate(closed, 4).arrival == Closed(kind="closed", concurrency=20)
 
 
 def test_a_replica_receives_the_per_chip_rate_smoothed_by_round_robin():

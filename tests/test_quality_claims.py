@@ -81,3 +81,53 @@ def test_a_claim_whose_holder_died_is_taken_over_once_stale(tmp_path: Path):
         )
     assert claim_pair(storage, "q", "w8a8@0.5", stale_after_s=900)  # its holder is gone
     assert not claim_pair(storage, "q", "w8a8@0.5", stale_after_s=900)  # and now it is held
+
+
+class _FlakyReference:
+    """The runner's prepare_quality (the bf16 reference, started alone) as a stand-in: it fails
+    the first `failures` times, as when another worker's engine holds the memory."""
+
+    def __init__(self, failures: int):
+        self.failures, self.calls = failures, 0
+
+    def __call__(self, config, prompts):
+        from runners.quality import QualityUnavailable
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise QualityUnavailable("the reference engine did not start: out of memory")
+
+
+def _book_with_reference(tmp_path: Path, failures: int) -> tuple[QualityBook, _SlowMeasure]:
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 's.db'}", directions=["minimize", "maximize"]
+    )
+    measure = _SlowMeasure()
+    book = QualityBook(
+        study, measure, None, ["text"], prepare=_FlakyReference(failures), log=lambda line: None
+    )
+    return book, measure
+
+
+def _trial(book: QualityBook) -> None:
+    book.before_session(CONFIG)
+    hook = book.session_hook(CONFIG)
+    assert hook is not None
+    hook(object())
+
+
+def test_a_reference_that_fails_once_is_tried_again_in_a_later_trial(tmp_path: Path):
+    book, measure = _book_with_reference(tmp_path, failures=1)
+    _trial(book)
+    assert measure.calls == 0  # not beside the trial's engine, and nothing recorded for good
+    assert "quality_kl" not in book.trial_attrs(CONFIG)
+    _trial(book)
+    assert measure.calls == 1 and book.trial_attrs(CONFIG)["quality_kl"] == 0.01
+
+
+def test_a_reference_that_keeps_failing_ends_measurement_with_its_reason(tmp_path: Path):
+    book, measure = _book_with_reference(tmp_path, failures=99)
+    for _ in range(4):
+        _trial(book)
+    assert measure.calls == 0 and book.prepare.calls == 3  # three tries, then no more
+    assert "out of memory" in book.trial_attrs(CONFIG)["quality_note"]

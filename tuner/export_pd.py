@@ -30,8 +30,8 @@ ROUTER_POLICY = "round-robin"
 
 # vLLM: the connector for GPU-to-GPU KV transfers (NIXL). With NixlConnector, kv_role is a
 # placeholder: the proxy decides which instance prefills (docs/features/nixl_connector_usage.md).
-KV_CONNECTOR = "NixlConnector"
-KV_TRANSFER_CONFIG = {"kv_connector": KV_CONNECTOR, "kv_role": "kv_both"}
+GPU_KV_CONNECTOR = "NixlConnector"
+KV_TRANSFER_CONFIG = {"kv_connector": GPU_KV_CONNECTOR, "kv_role": "kv_both"}
 # vLLM's proxy for NixlConnector (round-robin on both roles, itertools.cycle; it hands the
 # prefill's kv_transfer_params to the decode request). The example
 # examples/online_serving/disaggregated_serving/disagg_proxy_demo.py is not it: it balances by
@@ -126,9 +126,12 @@ def _mindie(config: dict[str, Any], workload: Workload) -> dict[str, Any]:
     }
 
 
-def _vllm(config: dict[str, Any], workload: Workload) -> dict[str, Any]:
-    """Each role's `vllm serve` arguments (its knobs, its memory share, the KV connector), the
-    instance counts, and vLLM's proxy in front of them with its arguments."""
+def _vllm(
+    config: dict[str, Any], workload: Workload, ran: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
+    """Each role's `vllm serve` arguments (its knobs, its memory share, the GPU KV connector),
+    the instance counts, and vLLM's proxy in front of them with its arguments; for a trial that
+    ran on vLLM, each role's arguments as it ran them (its connector and extra arguments)."""
     counts = roles(config)
     transfer = json.dumps(KV_TRANSFER_CONFIG, separators=(",", ":"))
     form: dict[str, Any] = {}
@@ -146,6 +149,8 @@ def _vllm(config: dict[str, Any], workload: Workload) -> dict[str, Any]:
                 ],
             ),
         }
+        if ran is not None and ran.get(role):
+            form[role]["trial_serve_args"] = ran[role]
 
     def where(role: str, kind: str) -> list[str]:
         # Placeholders a shell expands: host and port are the deployer's (as in `serve_args`).
@@ -176,9 +181,12 @@ def _vllm(config: dict[str, Any], workload: Workload) -> dict[str, Any]:
 _PD_FORMS = {"mindie": _mindie, "vllm": _vllm}
 
 
-def pd_forms(config: dict[str, Any], workload: Workload) -> dict[str, Any]:
+def pd_forms(
+    config: dict[str, Any], workload: Workload, ran: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     """The deployment form of a disaggregated config per engine, or why an engine cannot run it:
-    no disaggregation at all, or a role's servers it would refuse to start."""
+    no disaggregation at all, or a role's servers it would refuse to start. `ran`: each role's
+    arguments as a real vLLM trial ran them (kept beside the deployment's own)."""
     forms: dict[str, Any] = {}
     for engine in ENGINES:
         form = _PD_FORMS.get(engine)
@@ -195,7 +203,11 @@ def pd_forms(config: dict[str, Any], workload: Workload) -> dict[str, Any]:
         ]
         try:
             forms[engine] = (
-                {"not_expressible": "; ".join(refused)} if refused else form(config, workload)
+                {"not_expressible": "; ".join(refused)}
+                if refused
+                else _vllm(config, workload, ran)
+                if engine == "vllm"
+                else form(config, workload)
             )
         except ValueError as error:  # a knob value the engine has no setting for
             forms[engine] = {"not_expressible": str(error)}

@@ -33,7 +33,8 @@ def front_table(
     table = Table(title=title)
     columns = [
         "trial",
-        f"TTFT p99 ms @{scenario.nominal_rate:g}{per_chip}",
+        # the load is per chip; the TTFT is each request's
+        f"TTFT p99 ms @{scenario.nominal_rate:g}" + ("/chip" if deployed else ""),
         throughput_label(scenario) + per_chip,
     ]
     if capacity:
@@ -43,7 +44,7 @@ def front_table(
             else "capacity req/s\noffered/served" + per_chip.replace("\n", " ")
         )
     if capacity and peak:
-        columns.append(f"instances @{peak:g}/s")
+        columns.append(f"{'chips' if deployed else 'instances'} @{peak:g}/s")
     if chip_cost_per_hour is not None:
         columns.append(f"cost per\nM out tok @{chip_cost_per_hour:g}/h")
     if deployed:

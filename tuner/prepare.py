@@ -20,7 +20,7 @@ from tuner.cost import CHIP_COST_ATTR
 from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
 from tuner.quality import EXCLUDED, QualityBook
-from tuner.quality_plan import plan_quality
+from tuner.quality_plan import plan_quality, table_answered
 from tuner.samplers import describe, make_sampler
 from tuner.screen import Screen, plan_screen
 from tuner.storage import open_storage, sqlite_file, study_name_missing
@@ -211,6 +211,7 @@ def prepare(
     if screening is not None:
         screening.attach(rdb, name)
         screening.quality = book.table_only()
+        screening.simulated = table_answered(chosen, quality.table, space)
     return Prepared(
         chosen,
         runner,

@@ -26,6 +26,10 @@ from tuner.console import err
 MEASURED = "quality_measured:"  # per pair: a measured figure and its cost
 UNAVAILABLE = "quality_unavailable:"  # per pair: why the runner could not measure it
 REFERENCE_UNAVAILABLE = "quality_reference_unavailable"  # why no reference could be measured
+REFERENCE_FAILURES = "quality_reference_failures"  # failed starts of the reference so far
+# Starts of the reference tried, in as many trials, before the study measures no pair: one
+# failure may be another worker's engine holding the memory.
+REFERENCE_TRIES = 3
 # A claimed pair whose figure is not recorded after this long was claimed by a worker that
 # died: a later trial takes the claim over (a measurement takes seconds to a few minutes).
 CLAIM_STALE_S = 900
@@ -78,6 +82,8 @@ class QualityBook:
     # claims a pair's measurement for this worker (tuner.storage.claim_pair; False: another
     # worker measures it, wait for its figure); None: this process is the study's only writer
     claim: Callable[[str], bool] | None = None
+    # the pair this trial leaves unmeasured (its reference failed to start; tried again later)
+    unmeasured_now: tuple[str, float] | None = None
     log: Callable[[str], None] = field(
         default=lambda line: err.print(line, markup=False, highlight=False)
     )
@@ -98,6 +104,8 @@ class QualityBook:
         def hook(session) -> None:
             if isinstance(session, FailedSession) or self._recorded(pair):
                 return
+            if self.unmeasured_now == pair:  # its reference failed before this trial's start
+                return
             if self.claim is not None and not self.claim(pair_key(pair)):
                 self._await(pair)
                 return
@@ -108,8 +116,11 @@ class QualityBook:
     def before_session(self, config: dict[str, Any]) -> None:
         """Measure the reference before the trial's engine starts, where the pair is still to be
         measured: measure_quality would otherwise start the reference beside the trial's engine,
-        and two engines on one accelerator may not fit. A reference pair measures itself."""
+        and two engines on one accelerator may not fit. A reference pair measures itself.
+        A failed start (another worker's engine holding the memory) is retried in later trials;
+        after REFERENCE_TRIES failures the study measures no pair."""
         pair = quality_pair(config)
+        self.unmeasured_now = None
         if self.prepare is None or is_reference(config) or self._recorded(pair):
             return
         reason = self.study.user_attrs.get(REFERENCE_UNAVAILABLE)
@@ -119,7 +130,15 @@ class QualityBook:
                 return
             except MEASUREMENT_ERRORS as error:
                 reason = _reason(error)
-                # Without a reference no pair can be measured: tried once per study, not per pair.
+                tries = self.study.user_attrs.get(REFERENCE_FAILURES, 0) + 1
+                self.study.set_user_attr(REFERENCE_FAILURES, tries)
+                if tries < REFERENCE_TRIES:
+                    self.unmeasured_now = pair  # this trial only: a later one tries again
+                    self.log(
+                        f"quality: {pair_key(pair)} not measured in this trial: the reference "
+                        f"failed ({reason}); {tries} of {REFERENCE_TRIES} tries"
+                    )
+                    return
                 self.study.set_user_attr(REFERENCE_UNAVAILABLE, reason)
         self.study.set_user_attr(UNAVAILABLE + pair_key(pair), reason)
         self.log(f"quality: {pair_key(pair)} not measured: {reason}")

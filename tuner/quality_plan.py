@@ -208,6 +208,16 @@ def _apply_supplied(
     return scenario.model_copy(update={"quality": applied}), [note]
 
 
+def table_answered(scenario: Scenario, table: AppliedTable | None, space: SearchSpace) -> Scenario:
+    """The scenario with only the quality bounds the table answers for every searched pair
+    (what a simulated screen can judge; the real trials measure the rest)."""
+    slo = scenario.quality
+    if slo is None:
+        return scenario
+    kept = [f for f in slo.bounds() if not _lacking(f, False, table, space)]
+    return scenario.model_copy(update={"quality": slo.only(kept) if kept else None})
+
+
 def _check_answerable(
     scenario: Scenario, source: str, runner: Runner, table: AppliedTable | None, space: SearchSpace
 ) -> None:

@@ -60,8 +60,9 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
     if attrs.get("capacity_rps"):
         capacity += f", {attrs['capacity_rps']:.3g} req/s"
     if attrs.get("instances_for_peak"):
+        counted = "chips" if study.user_attrs.get("identity", {}).get("chips") else "instances"
         capacity += (
-            f"; {attrs['instances_for_peak']} instances for the peak of "
+            f"; {attrs['instances_for_peak']} {counted} for the peak of "
             f"{scenario.load.peak_rate:g} req/s"
         )
     slo = scenario.quality.describe() if scenario.quality else ""

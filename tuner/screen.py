@@ -48,6 +48,10 @@ class Screen:
     record: optuna.Study | None = None  # `<study>.screen`: every simulated trial
     # the real study's measured figures, else the table
     quality: QualityBook | None = None
+    # The simulated trials' scenario: the quality bounds the table answers. A figure only the
+    # real runner measures (KL, top-1) would be unknown in every simulated trial, so violated,
+    # and the screen would never propose a precision it has not measured yet.
+    simulated: Scenario | None = None
 
     def attach(self, storage: optuna.storages.BaseStorage, study_name: str) -> None:
         self.record = optuna.create_study(
@@ -75,7 +79,12 @@ class Screen:
         for params in _best_params(real, self.scenario, CARRIED) + self.carried:
             sim.enqueue_trial(params, skip_if_exists=True)
         run = StudyRun(
-            sim, self.scenario, self.space, self.runner, storage=None, quality=self.quality
+            sim,
+            self.simulated or self.scenario,
+            self.space,
+            self.runner,
+            storage=None,
+            quality=self.quality,
         )
         for _ in range(self.trials_per_round):
             run_trial(run, sim.ask())

@@ -8,9 +8,10 @@ from objectives.scenario import Closed, Workload
 from runners.workload import Requests, make_requests
 
 
-def fleet_workload(workload: Workload, chips: int) -> Workload:
-    """A per-chip workload as a deployment of `chips` receives it: `chips` times the rate (a
-    closed loop: times the requests in flight), the same number of requests."""
+def at_fleet_rate(workload: Workload, chips: int) -> Workload:
+    """A per-chip workload at the rate a deployment of `chips` receives: `chips` times the rate
+    (a closed loop: times the requests in flight), the same number of requests (so a window
+    `chips` times shorter in time: a deployment's load is fleet_window)."""
     arrival = workload.arrival
     if isinstance(arrival, Closed):
         update: dict[str, float] = {"concurrency": arrival.concurrency * chips}
@@ -22,7 +23,7 @@ def fleet_workload(workload: Workload, chips: int) -> Workload:
 def fleet_window(workload: Workload, chips: int) -> Workload:
     """The deployment's load over as long a span as one chip's window: `chips` times the rate
     and `chips` times the requests."""
-    return fleet_workload(workload, chips).model_copy(
+    return at_fleet_rate(workload, chips).model_copy(
         update={"num_requests": workload.num_requests * chips}
     )
 
