@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -60,7 +61,8 @@ from search_truth import (
 
 from objectives.scenario import Scenario, load_scenario, preset_names
 from objectives.scoring import is_feasible
-from tuner.samplers import describe
+from objectives.userfile import InputError
+from tuner.samplers import SAMPLERS, describe
 
 CHECKPOINTS = (10, 25, 50)
 WITHIN = (25, 50)
@@ -173,6 +175,64 @@ def torch_threads() -> None:
     torch.set_num_threads(1)
 
 
+# Names build_sampler takes besides the product's samplers (and warm- / polish- of any).
+BENCH_SAMPLERS = ("sim-default", "engine-default", "default", "optuna-tpe", "gp-s5", "tpe-s5")
+BENCH_SAMPLERS += ("pso", "product")
+
+
+def _known_sampler(name: str) -> bool:
+    for prefix in ("warm-", "polish-"):
+        if name.startswith(prefix):
+            return _known_sampler(name.removeprefix(prefix))
+    return name in BENCH_SAMPLERS or name in SAMPLERS
+
+
+def _writable_dir(path: Path) -> str | None:
+    """Why `path` cannot take files (None: it can; a missing folder is created)."""
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        return f"{path}: {error.strerror}"
+    return None
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line naming the flag, what would raise a traceback or run for ever."""
+    limits = {
+        "--random-scenarios": (args.random_scenarios, 0, 1000),
+        "--random-requests": (args.random_requests, 1, 100_000),
+        "--seed": (args.seed, 0, 2**32 - 1),
+        "--seeds": (args.seeds, 1, 1000),
+        "--trials": (args.trials, 1, 100_000),
+        "--horizon": (args.horizon, 1, 100_000),
+        "--jobs": (args.jobs, 1, 256),
+        "--product-seeds": (args.product_seeds, 0, 1000),
+    }
+    for flag, (value, low, high) in limits.items():
+        if not low <= value <= high:
+            parser.error(f"{flag}: {value} is outside {low}..{high}")
+    unknown = [name for name in args.samplers if not _known_sampler(name)]
+    if unknown:
+        allowed = ", ".join((*SAMPLERS, *BENCH_SAMPLERS))
+        parser.error(
+            f"--samplers: unknown {', '.join(unknown)}; allowed: {allowed} (warm-/polish-)"
+        )
+    for path in args.scenarios:
+        if not Path(path).is_file():
+            parser.error(f"--scenarios: {path} is not a file")
+    for flag, folder in (
+        ("--cache-dir", args.cache_dir),
+        ("--save-scenarios", args.save_scenarios),
+    ):
+        why = None if folder is None else _writable_dir(Path(folder))
+        if why is not None:
+            parser.error(f"{flag}: {why}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="*", default=None, help="preset names")
@@ -205,6 +265,7 @@ def main() -> None:
         "--grids-only", action="store_true", help="evaluate (cache) the grids and stop"
     )
     args = parser.parse_args()
+    check_args(parser, args)
     torch_threads()
     cache = args.cache_dir or default_cache_dir()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -263,4 +324,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except InputError as error:  # a scenario file that does not load: one line, as autotune's
+        print(f"bench_search.py: error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -20,7 +20,7 @@ from tuner.cost import CHIP_COST_ATTR
 from tuner.export import trial_export, write_export
 from tuner.front_table import front_table, snapshot_rows
 from tuner.ladder import print_quality
-from tuner.misses import closest_miss
+from tuner.misses import closest_miss, why_nothing_met
 from tuner.polish import REAL_POLISH_TRIALS, SIM_POLISH_TRIALS, refine_and_polish
 from tuner.prepare import Prepared
 from tuner.report import deployment_comparison, write_report
@@ -166,9 +166,10 @@ def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) ->
         )
     write_html(p, outputs)
     if best is None:
-        closest = closest_miss(study, [r.number for r in reports])
-        if closest is not None:
-            out.print(closest, markup=False, soft_wrap=True)
+        this_run = [r.number for r in reports]
+        closest = closest_miss(study, this_run)
+        for line in [closest] if closest is not None else why_nothing_met(study, this_run):
+            out.print(line, markup=False, soft_wrap=True)
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
         sys.exit(EXIT_NO_FEASIBLE)
     with _writing("--export", export_path, study, "export"):

@@ -37,3 +37,29 @@ def closest_miss(study: optuna.Study, this_run: Sequence[int]) -> str | None:
         f"against the scenario's nominal {scenario.nominal_rate:g} {unit}; "
         f"at the nominal rate it misses {', '.join(missed) or 'nothing'}"
     )
+
+
+def why_nothing_met(study: optuna.Study, this_run: Sequence[int], shown: int = 3) -> list[str]:
+    """When no trial came close (closest_miss is None): why each of this run's trials gave
+    nothing, one line per distinct reason with its trials (the first `shown` reasons)."""
+    by_reason: dict[str, list[int]] = {}
+    wanted = set(this_run)
+    for trial in study.get_trials(deepcopy=False):
+        if trial.number not in wanted:
+            continue
+        attrs = trial.user_attrs
+        status = attrs.get("status", trial.state.name.lower())
+        reason = attrs.get("fault") or attrs.get("capacity_note")
+        if reason is None:
+            continue
+        label = {"infeasible": "could not run", "violates-sla": "missed the SLA"}.get(
+            status, status
+        )
+        by_reason.setdefault(f"{label}: {reason}", []).append(trial.number)
+    lines = [
+        f"trial{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} {reason}"
+        for reason, numbers in list(by_reason.items())[:shown]
+    ]
+    if len(by_reason) > shown:
+        lines.append(f"and {len(by_reason) - shown} other reasons (see `autotune history`)")
+    return lines

@@ -162,6 +162,15 @@ def prepare(
     baseline = None
     if baseline_path is not None:
         baseline = parse_config(runner.engine, load_export(baseline_path).knobs, str(baseline_path))
+        fixed = space.fixed()
+        moved = {k: v for k, v in baseline.items() if k in fixed and fixed[k] != v}
+        if moved:
+            knob, value = next(iter(moved.items()))
+            raise InputError(
+                f"--baseline: {baseline_path} runs {knob} {value}, which this run fixes at "
+                f"{fixed[knob]} (--space or the runner): it would run another config; free the "
+                "knob in --space or give another baseline"
+            )
     check_outputs(
         outputs,
         _inputs(
