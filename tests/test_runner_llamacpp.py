@@ -135,6 +135,14 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
     assert done.returncode == 0, done.stderr
     assert "select_batch dropped: llamacpp cannot express it" in done.stderr
     assert (tmp_path / "best-config.yaml").exists()
+    # the pick was held on the real server at its capacity, for 4x the scenario's requests
+    exported = yaml.safe_load((tmp_path / "best-config.yaml").read_text())
+    first = exported["hold"]["loads"][0]
+    assert (
+        exported["hold"]["factor"] == 4 and first["requests"] == 4 * scenario.workload.num_requests
+    )
+    assert first["rate"] == exported["hold"]["claimed_rate"] and first["ttft_p99_ms"] > 0
+    assert exported["capacity"]["rate"] == exported["hold"]["held_rate"]
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     trials = study.trials
     assert len(trials) == 12 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), [

@@ -102,6 +102,8 @@ def vllm_study(vllm_python, tiny_model, tmp_path_factory) -> Path:
         "scenario.yaml",
         "--polish",
         "0",
+        "--hold",
+        "0",  # a vLLM start is a minute here; llama-server's tests hold for real
         "--runner",
         "vllm",
         "--runner-config",

@@ -34,7 +34,9 @@ def _interrupt_on_sigterm() -> None:
 @tune_options
 @click.version_option(__version__, prog_name="autotune")
 @click.pass_context
-def cli(ctx, trials, timeout_s, polish_trials, export_path, html_path, no_html, **options):
+def cli(
+    ctx, trials, timeout_s, polish_trials, hold_factor, export_path, html_path, no_html, **options
+):
     """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`.
 
     --trials is the number of trials this run adds to the study; --polish trials follow them.
@@ -43,7 +45,8 @@ def cli(ctx, trials, timeout_s, polish_trials, export_path, html_path, no_html, 
         return
     outputs = report_outputs(export_path, html_path, no_html)
     prepared = prepare(trials=trials, outputs=outputs, **options)
-    finish(prepared, tune(prepared, trials, timeout_s, polish_trials=polish_trials), outputs)
+    reports = tune(prepared, trials, timeout_s, polish_trials=polish_trials)
+    finish(prepared, reports, outputs, hold_factor)
 
 
 @cli.command()
@@ -52,8 +55,8 @@ def worker(trials, timeout_s, export_path, html_path, no_html, **options):
     """One of many workers sharing a study (e.g. one per host on PostgreSQL).
 
     --trials is the total for the study: all workers together run exactly that many. Workers do
-    not polish (they would measure the same neighbours side by side): a plain `autotune` run on
-    the study afterwards does.
+    not polish or hold the pick (they would measure the same configs side by side): a plain
+    `autotune` run on the study afterwards does.
     """
     outputs = report_outputs(export_path, html_path, no_html)
     prepared = prepare(trials=trials, outputs=outputs, **options)

@@ -74,6 +74,15 @@ TUNE_OPTIONS = {
         help="trials measuring the pick's one-knob neighbours before the export (default: 60 on "
         "the simulator, 12 on real engines; 0: none)",
     ),
+    "hold": click.option(
+        "--hold",
+        "hold_factor",
+        type=flags.POLISH,
+        default=None,
+        help="before the export, hold the pick at its capacity for N times the scenario's "
+        "requests, lowering a claim that misses (default: 16 on the simulator, 4 on real "
+        "engines; 0: no hold)",
+    ),
     "chip_cost_per_hour": click.option(
         "--chip-cost-per-hour",
         type=flags.PRICE,
@@ -172,12 +181,12 @@ def tune_options(f: F, leave_out: tuple[str, ...] = ()) -> F:
 
 def nightly_options(f: F) -> F:
     """The tuning options less --trials and --baseline: a night has a --budget and an incumbent."""
-    return tune_options(f, leave_out=("trials", "baseline", "polish"))
+    return tune_options(f, leave_out=("trials", "baseline", "polish", "hold"))
 
 
 def worker_options(f: F) -> F:
-    """The tuning options less --polish (tuner.cli.worker says why)."""
-    return tune_options(f, leave_out=("polish",))
+    """The tuning options less --polish and --hold (tuner.cli.worker says why)."""
+    return tune_options(f, leave_out=("polish", "hold"))
 
 
 def storage_option(f: F) -> F:

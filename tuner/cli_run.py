@@ -19,6 +19,7 @@ from tuner.console import err, out
 from tuner.cost import CHIP_COST_ATTR
 from tuner.export import trial_export, write_export
 from tuner.front_table import front_table, snapshot_rows
+from tuner.hold import REAL_HOLD_FACTOR, SIM_HOLD_FACTOR, describe_hold, hold_pick
 from tuner.ladder import print_quality
 from tuner.misses import closest_miss, why_nothing_met
 from tuner.polish import REAL_POLISH_TRIALS, SIM_POLISH_TRIALS, refine_and_polish
@@ -130,8 +131,11 @@ def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
         out.print(f"report: {outputs['--html']}", markup=False)
 
 
-def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) -> None:
-    """Snapshot the front, print it, write the report, export the best config (exit 3 when
+def finish(
+    p: Prepared, reports: list[TrialReport], outputs: dict[str, Path], hold: int | None = 0
+) -> None:
+    """Snapshot the front, print it, hold the best config at its capacity (`hold` times the
+    scenario's requests; None: the runner's default), write the report, export it (exit 3 when
     none is feasible)."""
     export_path = outputs["--export"]
     study, scenario = p.study, p.scenario
@@ -160,6 +164,11 @@ def finish(p: Prepared, reports: list[TrialReport], outputs: dict[str, Path]) ->
     print_quality(study, p.quality)
     best = best_trial(study, scenario)
     edges = [] if best is None else range_edges(p.space, trial_knobs(study, best))
+    if hold is None:
+        hold = SIM_HOLD_FACTOR if p.runner.name == "sim" else REAL_HOLD_FACTOR
+    if best is not None and hold:
+        held = hold_pick(p.runner, study, scenario, best, hold)
+        out.print(describe_hold(held, scenario), markup=False, soft_wrap=True)
     if best is not None:  # the report shows them beside this trial only
         study.set_user_attr(
             RANGE_EDGES, {"trial": best.number, "messages": [e.message() for e in edges]}

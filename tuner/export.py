@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
 from tuner.cost import CHIP_COST_ATTR, cost_figures
 from tuner.export_pd import pd_forms, replicated
+from tuner.hold import HOLD_ATTR, held_capacity
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
 from tuner.study import trial_knobs
@@ -54,6 +56,9 @@ class ExportedConfig(BaseModel):
     quality: dict[str, Any] | None = (
         None  # what the precision and KV setting cost in accuracy, and its source
     )
+    # The pick held at its claimed capacity for `factor` times the scenario's requests before
+    # the export (tuner.hold): each rate tried, and the one that held (`capacity` is its).
+    hold: dict[str, Any] | None = None
     metrics: dict[str, Any]
 
     def document(self) -> dict[str, Any]:
@@ -156,6 +161,12 @@ def capacity_summary(
         "ttft_p99_ms": metrics.get("capacity_ttft_p99_ms"),
         "tpot_p99_ms": metrics.get("capacity_tpot_p99_ms"),
         "at_ceiling": metrics.get("capacity_at_ceiling", False),
+        # the rate the search found, where a longer hold lowered it (tuner.hold)
+        **(
+            {"lowered_from": metrics["capacity_lowered_from"]}
+            if "capacity_lowered_from" in metrics
+            else {}
+        ),
         "time_limited": metrics.get("capacity_time_limited", False),
     }
     if peak_rate is not None:
@@ -177,10 +188,13 @@ def build_export(
     *,
     workload: Workload,
     chip_cost_per_hour: float | None = None,
+    hold: dict[str, Any] | None = None,
 ) -> ExportedConfig:
     """`metrics` are the trial's attributes: its measurements and the engine arguments it ran
-    with. `identity` holds "chips" for a study on a chip budget."""
+    with. `identity` holds "chips" for a study on a chip budget. A `hold` (tuner.hold) that
+    lowered the claim gives the capacity figures of the rate that held."""
     chips = int(identity["chips"]) if "chips" in identity else None
+    measured, metrics = metrics, _held(metrics, hold, peak_rate)
     return ExportedConfig(
         autotune_version=tuner.__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -215,12 +229,37 @@ def build_export(
             else None
         ),
         quality=quality_summary(metrics),
-        metrics={
+        hold=hold,
+        metrics={  # as the trial measured them (`capacity` is the hold's where it lowered it)
             key: value
-            for key, value in metrics.items()
+            for key, value in measured.items()
             if key not in NOT_EXPORTED and not key.startswith("quality_")
         },  # those are in `quality`
     )
+
+
+def _held(
+    metrics: dict[str, Any], hold: dict[str, Any] | None, peak_rate: float | None
+) -> dict[str, Any]:
+    """The trial's capacity figures replaced by those of the rate its hold held at, where the
+    hold lowered the claim."""
+    if hold is None or hold["held_rate"] in (None, hold["claimed_rate"]):
+        return metrics
+    if "capacity_rate" not in metrics:
+        return metrics
+    load = next(load for load in hold["loads"] if load["rate"] == hold["held_rate"])
+    held = dict(metrics) | {
+        "capacity_rate": load["rate"],
+        "capacity_rps": load["requests_per_s"],
+        "capacity_output_tokens_per_s": load["output_tokens_per_s"],
+        "capacity_ttft_p99_ms": load["ttft_p99_ms"],
+        "capacity_tpot_p99_ms": load["tpot_p99_ms"],
+        "capacity_delivered_share": load["delivered_share"],
+        "capacity_lowered_from": hold["claimed_rate"],
+    }
+    if peak_rate is not None and load["requests_per_s"]:
+        held["instances_for_peak"] = math.ceil(peak_rate / load["requests_per_s"])
+    return held
 
 
 def trial_export(study: optuna.Study, trial: FrozenTrial) -> ExportedConfig:
@@ -237,6 +276,7 @@ def trial_export(study: optuna.Study, trial: FrozenTrial) -> ExportedConfig:
         scenario.load.peak_rate,
         workload=scenario.workload,
         chip_cost_per_hour=study.user_attrs.get(CHIP_COST_ATTR),
+        hold=held_capacity(study.user_attrs.get(HOLD_ATTR), trial.number),
     )
 
 

@@ -1,0 +1,80 @@
+"""Before the export the pick is held at its claimed capacity for longer than the search's
+window, and a claim that misses is lowered one grid step at a time (tuner.hold). On the real
+simulator: a claim planted above what a config sustains is lowered to a rate that holds."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from objectives.scoring import constraint_values, is_feasible
+from runners.capacity import evaluate
+from runners.measurement import summarize
+from runners.sim.runner import DEFAULTS, SimRunner
+from tests.conftest import run_autotune, small_scenario
+from tuner.hold import HOLD_ATTR, hold_pick
+
+CONFIG = DEFAULTS | {
+    "batch_size": 64,
+    "select_batch": "decode-first",
+    "quantization": "w8a8",
+    "kv_compression": 0.5,
+}
+
+
+def _study_with(claimed: float, scenario) -> tuple[optuna.Study, optuna.trial.FrozenTrial]:
+    study = optuna.create_study(directions=["minimize", "maximize"])
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=[100.0, 1000.0], user_attrs={"knobs": CONFIG, "capacity_rate": claimed}
+        )
+    )
+    return study, study.trials[0]
+
+
+def test_a_claim_above_what_the_config_sustains_is_lowered_until_it_holds():
+    scenario = small_scenario(requests=200)
+    runner = SimRunner()
+    found = evaluate(runner, CONFIG, scenario).metrics["capacity_rate"]
+    planted = found * 1.30  # far past the search's 5% bracket: an overloaded claim
+    study, trial = _study_with(planted, scenario)
+    result = hold_pick(runner, study, scenario, trial, factor=4)
+    assert study.user_attrs[HOLD_ATTR] == result
+    rates = [load["rate"] for load in result["loads"]]
+    assert rates[0] == planted and not result["loads"][0]["meets"]
+    # each try one step of the search's grid below the last
+    for higher, lower in itertools.pairwise(rates):
+        assert lower == pytest.approx(higher / (1 + scenario.load.precision))
+    assert result["held_rate"] == rates[-1] < planted and result["loads"][-1]["meets"]
+    # the rate that held holds when measured again, independently, on 4x the requests
+    long = scenario.at_rate(result["held_rate"]).model_copy(update={"num_requests": 800})
+    with runner.session(CONFIG, long) as session:
+        metrics = summarize(session.measure(long, scenario.sla, False), scenario.sla)
+    assert is_feasible(constraint_values(metrics, scenario.sla))
+
+
+def test_a_claim_that_holds_stands():
+    scenario = small_scenario(requests=200)
+    runner = SimRunner()
+    found = evaluate(runner, CONFIG, scenario).metrics["capacity_rate"]
+    study, trial = _study_with(found / 1.5, scenario)  # well inside what it sustains
+    result = hold_pick(runner, study, scenario, trial, factor=2)
+    assert result["held_rate"] == result["claimed_rate"] and len(result["loads"]) == 1
+
+
+def test_the_export_states_the_hold_and_the_capacity_that_held(tmp_path: Path, scenario_file):
+    done = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "6", "--polish", "0", "--hold", "4",
+        "--no-html", "--export", "best.yaml", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "hold: trial" in done.stdout
+    exported = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    hold = exported["hold"]
+    assert hold["factor"] == 4 and hold["loads"][0]["requests"] == 4 * 200
+    assert hold["claimed_rate"] == exported["metrics"]["capacity_rate"]
+    assert exported["capacity"]["rate"] == hold["held_rate"]
