@@ -353,6 +353,8 @@ def test_a_real_llama_server_study_measures_each_pair_once(
         "scenario.yaml",
         "--polish",
         "0",
+        "--repeats",
+        "0",
         "--runner",
         "llamacpp",
         "--runner-config",

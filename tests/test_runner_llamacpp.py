@@ -117,6 +117,8 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
         "scenario.yaml",
         "--polish",
         "0",
+        "--repeats",
+        "2",
         "--runner",
         "llamacpp",
         "--runner-config",
@@ -143,6 +145,9 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
     )
     assert first["rate"] == exported["hold"]["claimed_rate"] and first["ttft_p99_ms"] > 0
     assert exported["capacity"]["rate"] == exported["hold"]["held_rate"]
+    # the pick and its close rivals were measured twice in all, the pick made on the worst
+    assert exported["repeats"]["measurements"] == 2
+    assert exported["repeats"]["worst"] == min(exported["repeats"]["throughput"])
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     trials = study.trials
     assert len(trials) == 12 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), [
@@ -203,6 +208,8 @@ def test_llama_server_started_from_an_export_serves_the_longest_request_on_every
         "--scenario",
         "scenario.yaml",
         "--polish",
+        "0",
+        "--repeats",
         "0",
         "--runner",
         "llamacpp",
@@ -378,6 +385,8 @@ def test_ctrl_c_stops_the_engine_and_keeps_finished_trials(
             "scenario.yaml",
             "--polish",
             "0",
+            "--repeats",
+            "0",
             "--runner",
             "llamacpp",
             "--runner-config",
@@ -453,6 +462,8 @@ def test_screen_sim_runs_only_the_simulators_picks_for_real(
         "--scenario",
         "scenario.yaml",
         "--polish",
+        "0",
+        "--repeats",
         "0",
         "--runner",
         "llamacpp",

@@ -103,7 +103,9 @@ def vllm_study(vllm_python, tiny_model, tmp_path_factory) -> Path:
         "--polish",
         "0",
         "--hold",
-        "0",  # a vLLM start is a minute here; llama-server's tests hold for real
+        "0",  # a vLLM start is a minute here; llama-server's tests hold and repeat for real
+        "--repeats",
+        "0",
         "--runner",
         "vllm",
         "--runner-config",

@@ -308,7 +308,7 @@ def run_pd_study(tmp_path: Path, python: Path, model: Path, **settings) -> optun
     db = tmp_path / "studies.db"
     done = run_autotune(
         *("--scenario", "scenario.yaml", "--runner", "vllm", "--chips", "2", "--polish", "0"),
-        *("--hold", "0"),
+        *("--hold", "0", "--repeats", "0"),
         *("--engine-cmd", str(python), "--model", str(model), "--hardware", "cpu"),
         *("--runner-config", "runner.yaml", "--space", "space.yaml", "--trials", "1"),
         *("--storage", f"sqlite:///{db}", "--no-html"),

@@ -35,7 +35,16 @@ def _interrupt_on_sigterm() -> None:
 @click.version_option(__version__, prog_name="autotune")
 @click.pass_context
 def cli(
-    ctx, trials, timeout_s, polish_trials, hold_factor, export_path, html_path, no_html, **options
+    ctx,
+    trials,
+    timeout_s,
+    polish_trials,
+    repeats,
+    hold_factor,
+    export_path,
+    html_path,
+    no_html,
+    **options,
 ):
     """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`.
 
@@ -46,7 +55,7 @@ def cli(
     outputs = report_outputs(export_path, html_path, no_html)
     prepared = prepare(trials=trials, outputs=outputs, **options)
     reports = tune(prepared, trials, timeout_s, polish_trials=polish_trials)
-    finish(prepared, reports, outputs, hold_factor)
+    finish(prepared, reports, outputs, hold_factor, repeats)
 
 
 @cli.command()
@@ -55,7 +64,7 @@ def worker(trials, timeout_s, export_path, html_path, no_html, **options):
     """One of many workers sharing a study (e.g. one per host on PostgreSQL).
 
     --trials is the total for the study: all workers together run exactly that many. Workers do
-    not polish or hold the pick (they would measure the same configs side by side): a plain
+    not polish, repeat or hold the pick (they would measure the same configs side by side): a plain
     `autotune` run on the study afterwards does.
     """
     outputs = report_outputs(export_path, html_path, no_html)

@@ -74,6 +74,15 @@ TUNE_OPTIONS = {
         help="trials measuring the pick's one-knob neighbours before the export (default: 60 on "
         "the simulator, 12 on real engines; 0: none)",
     ),
+    "repeats": click.option(
+        "--repeats",
+        "repeats",
+        type=flags.POLISH,
+        default=None,
+        help="measure the pick and its close rivals N times in all with fresh arrivals and pick "
+        "on each one's worst (default: 3 on real engines; 0 on the simulator, which is "
+        "deterministic; 0 or 1: none)",
+    ),
     "hold": click.option(
         "--hold",
         "hold_factor",
@@ -181,12 +190,12 @@ def tune_options(f: F, leave_out: tuple[str, ...] = ()) -> F:
 
 def nightly_options(f: F) -> F:
     """The tuning options less --trials and --baseline: a night has a --budget and an incumbent."""
-    return tune_options(f, leave_out=("trials", "baseline", "polish", "hold"))
+    return tune_options(f, leave_out=("trials", "baseline", "polish", "hold", "repeats"))
 
 
 def worker_options(f: F) -> F:
-    """The tuning options less --polish and --hold (tuner.cli.worker says why)."""
-    return tune_options(f, leave_out=("polish", "hold"))
+    """The tuning options less --polish, --repeats and --hold (tuner.cli.worker says why)."""
+    return tune_options(f, leave_out=("polish", "hold", "repeats"))
 
 
 def storage_option(f: F) -> F:

@@ -24,6 +24,7 @@ from tuner.ladder import print_quality
 from tuner.misses import closest_miss, why_nothing_met
 from tuner.polish import REAL_POLISH_TRIALS, SIM_POLISH_TRIALS, refine_and_polish
 from tuner.prepare import Prepared
+from tuner.repeats import REAL_REPEATS, describe_repeats, engine_measure, repeat_pick
 from tuner.report import deployment_comparison, write_report
 from tuner.storage import latest_snapshot
 from tuner.study import (
@@ -132,13 +133,25 @@ def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
 
 
 def finish(
-    p: Prepared, reports: list[TrialReport], outputs: dict[str, Path], hold: int | None = 0
+    p: Prepared,
+    reports: list[TrialReport],
+    outputs: dict[str, Path],
+    hold: int | None = 0,
+    repeats: int | None = 0,
 ) -> None:
-    """Snapshot the front, print it, hold the best config at its capacity (`hold` times the
+    """Measure the pick and its rivals again (`repeats` in all; None: the runner's default),
+    snapshot the front, print it, hold the best config at its capacity (`hold` times the
     scenario's requests; None: the runner's default), write the report, export it (exit 3 when
     none is feasible)."""
     export_path = outputs["--export"]
     study, scenario = p.study, p.scenario
+    simulated = p.runner.name == "sim"
+    if repeats is None:
+        repeats = 0 if simulated else REAL_REPEATS
+    if repeats > 1:
+        repeated = repeat_pick(study, scenario, repeats, engine_measure(p.runner, scenario))
+        if repeated is not None:
+            out.print(describe_repeats(repeated), markup=False, soft_wrap=True)
     snapshot(study, scenario, p.storage)
     snap = latest_snapshot(p.storage, study.study_name)
     assert snap is not None, "snapshot() has just saved one"
@@ -165,7 +178,7 @@ def finish(
     best = best_trial(study, scenario)
     edges = [] if best is None else range_edges(p.space, trial_knobs(study, best))
     if hold is None:
-        hold = SIM_HOLD_FACTOR if p.runner.name == "sim" else REAL_HOLD_FACTOR
+        hold = SIM_HOLD_FACTOR if simulated else REAL_HOLD_FACTOR
     if best is not None and hold:
         held = hold_pick(p.runner, study, scenario, best, hold)
         out.print(describe_hold(held, scenario), markup=False, soft_wrap=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from tuner.export_pd import pd_forms, replicated
 from tuner.hold import HOLD_ATTR, held_capacity
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
-from tuner.study import trial_knobs
+from tuner.study import REPEATS_ATTR, trial_knobs
 
 
 class ExportedConfig(BaseModel):
@@ -59,6 +60,9 @@ class ExportedConfig(BaseModel):
     # The pick held at its claimed capacity for `factor` times the scenario's requests before
     # the export (tuner.hold): each rate tried, and the one that held (`capacity` is its).
     hold: dict[str, Any] | None = None
+    # Real engines: the pick measured again with fresh arrivals (tuner.repeats), its throughput
+    # over the repeats, the noise they showed and the rivals it tied with.
+    repeats: dict[str, Any] | None = None
     metrics: dict[str, Any]
 
     def document(self) -> dict[str, Any]:
@@ -189,6 +193,7 @@ def build_export(
     workload: Workload,
     chip_cost_per_hour: float | None = None,
     hold: dict[str, Any] | None = None,
+    repeats: dict[str, Any] | None = None,
 ) -> ExportedConfig:
     """`metrics` are the trial's attributes: its measurements and the engine arguments it ran
     with. `identity` holds "chips" for a study on a chip budget. A `hold` (tuner.hold) that
@@ -230,6 +235,7 @@ def build_export(
         ),
         quality=quality_summary(metrics),
         hold=hold,
+        repeats=repeats,
         metrics={  # as the trial measured them (`capacity` is the hold's where it lowered it)
             key: value
             for key, value in measured.items()
@@ -277,7 +283,24 @@ def trial_export(study: optuna.Study, trial: FrozenTrial) -> ExportedConfig:
         workload=scenario.workload,
         chip_cost_per_hour=study.user_attrs.get(CHIP_COST_ATTR),
         hold=held_capacity(study.user_attrs.get(HOLD_ATTR), trial.number),
+        repeats=_repeats_of(study.user_attrs.get(REPEATS_ATTR), trial.number),
     )
+
+
+def _repeats_of(repeated: dict[str, Any] | None, trial: int) -> dict[str, Any] | None:
+    if repeated is None or str(trial) not in repeated["trials"]:
+        return None
+    runs = repeated["trials"][str(trial)]
+    values = runs["throughput"]
+    return {
+        "measurements": len(values),
+        "throughput": values,
+        "median": statistics.median(values),
+        "worst": min(v if met else 0.0 for v, met in zip(values, runs["met"], strict=True)),
+        "ttft_p99_ms": runs["ttft_p99_ms"],
+        "noise": repeated["noise"],
+        "tied_with": repeated["tied"] if repeated["pick"] == trial else [],
+    }
 
 
 def write_export(path: Path, exported: ExportedConfig) -> None:

@@ -23,11 +23,13 @@ from search_spaces.knobs import DEPLOYMENTS
 from tuner import nightly as night
 from tuner.cost import CHIP_COST_ATTR, cost_figures, describe_cost
 from tuner.export import trial_export
+from tuner.hold import HOLD_ATTR, describe_hold
 from tuner.ladder import ladder_rows
 from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
 from tuner.polish import arm_pick, in_arm, trials_to_compare
 from tuner.quality import describe_figures
+from tuner.repeats import describe_repeats
 from tuner.report_plots import (
     KNOB_COLUMNS,
     curves_figure,
@@ -37,7 +39,7 @@ from tuner.report_plots import (
     screen_figure,
     write_pareto_png,
 )
-from tuner.study import RANGE_EDGES, best_trial, feasible_front, trial_knobs
+from tuner.study import RANGE_EDGES, REPEATS_ATTR, best_trial, feasible_front, trial_knobs
 
 
 def _plot(figure: go.Figure) -> str:
@@ -84,6 +86,12 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
         ],
         ["quality source", attrs.get("quality_note", "-")],
     ]
+    repeated = study.user_attrs.get(REPEATS_ATTR)
+    if repeated is not None and str(best.number) in repeated["trials"]:
+        rows.append(["repeats", describe_repeats(repeated)])
+    held = study.user_attrs.get(HOLD_ATTR)
+    if held is not None and held["trial"] == best.number:
+        rows.append(["hold", describe_hold(held, scenario)])
     price = study.user_attrs.get(CHIP_COST_ATTR)
     costs = describe_cost(cost_figures(attrs, price))
     if costs:

@@ -350,7 +350,21 @@ def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
     return sorted(front, key=lambda t: t.values[0])
 
 
-def best_trial(study: optuna.Study, scenario: Scenario) -> FrozenTrial | None:
+# Study attribute: the pick made on repeated measurements (tuner.repeats), which stands while
+# the study has no newer complete trial.
+REPEATS_ATTR = "repeats"
+
+
+def best_trial(
+    study: optuna.Study, scenario: Scenario, repeated: bool = True
+) -> FrozenTrial | None:
+    """The pick rule's choice on the feasible front; with `repeated`, the pick tuner.repeats
+    made on the worst of repeated measurements where it still stands."""
+    decided = study.user_attrs.get(REPEATS_ATTR) if repeated else None
+    if decided is not None:
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if decided["complete_trials"] == len(done):
+            return next(t for t in done if t.number == decided["pick"])
     front = feasible_front(study)
     key = pick_best(
         [(t.number, t.values[0], t.values[1]) for t in front], scenario.pick, scenario.tie_tolerance
