@@ -147,9 +147,21 @@ class _Load:
     async def _stream(self, client: httpx.AsyncClient, body: dict, record: _Record) -> None:
         last_text_s = None
         text_chunks = 0
-        # Built (JSON encoded) before the send time is stamped: TTFT starts when the request leaves.
-        request = client.build_request("POST", f"{self.target.base_url}/v1/completions", json=body)
-        record.send = self.now()
+
+        # Built (JSON encoded) before the send time is stamped: TTFT starts when the request
+        # leaves, stamped where GuideLLM stamps it: as httpcore starts writing its headers (the
+        # trace extension), after the client's own send path and any connection set-up.
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            if event == "http11.send_request_headers.started":
+                record.send = self.now()
+
+        request = client.build_request(
+            "POST",
+            f"{self.target.base_url}/v1/completions",
+            json=body,
+            extensions={"trace": trace},
+        )
+        record.send = self.now()  # restamped by the trace; kept where no trace fires
         response = await client.send(request, stream=True)
         try:
             if response.status_code != 200:
@@ -157,6 +169,7 @@ class _Load:
                 record.error = f"HTTP {response.status_code}: {text[:200]}"
                 return
             async for line in response.aiter_lines():
+                stamp = self.now()  # as the line arrives, before it is decoded
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -167,7 +180,6 @@ class _Load:
                     record.error = f"server error: {str(chunk['error'])[:200]}"
                     return
                 choices = chunk.get("choices")
-                stamp = self.now()
                 if choices and math.isnan(record.first_chunk):
                     record.first_chunk = stamp
                 if choices and choices[0].get("text"):

@@ -69,10 +69,12 @@ class ExportedConfig(BaseModel):
         """The YAML's content: a one-chip study's export has no chip budget or deployment, as
         before chip budgets."""
         data = self.model_dump()
-        return {k: v for k, v in data.items() if v is not None or k not in _CHIP_FIELDS}
+        return {k: v for k, v in data.items() if v is not None or k not in _LEFT_OUT_WHEN_ABSENT}
 
 
-_CHIP_FIELDS = ("chips", "deployment")
+# Left out when absent: a one-chip study's export has no chip budget or deployment, a
+# simulated one no repeats, an export without a hold none.
+_LEFT_OUT_WHEN_ABSENT = ("chips", "deployment", "hold", "repeats")
 
 
 def _mindie_form(
