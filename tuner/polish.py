@@ -262,11 +262,29 @@ class Polisher:
             result.changes.append(f"trial {pick.number} -> {new_pick.number} ({changed})")
         return result
 
+    def run_sampled(self, arm: dict[str, Any], n: int) -> int:
+        """`n` trials the study's own sampler proposes with the arm's knobs fixed (Optuna's
+        PartialFixedSampler): the arm searched where the study's trials point, not only one knob
+        from where the controlled trial landed. How many ran (none when time is up or another run
+        adds trials, as run_queued)."""
+        left = self._left_s()
+        if n <= 0 or (left is not None and left <= 0) or has_running_trials(self.run.study):
+            return 0
+        study = self.run.study
+        searched = study.sampler
+        study.sampler = optuna.samplers.PartialFixedSampler(arm, searched)
+        before = len(self.run.reports)
+        try:
+            optimize(replace(self.run, screen=None), n, left, self.on_trial)
+        finally:
+            study.sampler = searched
+        return len(self.run.reports) - before
+
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report
         compare stands on both sides: first the best config so far with only the arm changed (a
-        controlled comparison), then up to `per_arm` - 1 trials polishing the arm's own pick.
-        How many trials ran."""
+        controlled comparison), then half the rest proposed by the study's sampler within the
+        arm, then the arm's own pick polished. At most `per_arm` trials an arm; how many ran."""
         ran = 0
         for arm in compared:
             best = best_trial(self.run.study, self.run.scenario)
@@ -275,6 +293,8 @@ class Polisher:
                 controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
                 done = self.run_queued(self._new([controlled]))
                 ran, budget = ran + done, budget - done
+            done = self.run_sampled(arm, budget // 2)
+            ran, budget = ran + done, budget - done
             ran += self.polish(budget, arm).trials
         return ran
 

@@ -91,6 +91,13 @@ def default_book(study: optuna.Study, runner: Runner) -> QualityBook:
     )
 
 
+def default_scenario(scenario: Scenario, runner: Runner, space: SearchSpace) -> Scenario:
+    """For a study run made without a plan: a `supplied` quality SLO resolved against the
+    runner and its model's shipped table, as plan_quality resolves it."""
+    table = _applied_table(None, runner.identity()["model"])
+    return _apply_supplied(scenario, f"scenario {scenario.name}", runner, table, space)[0]
+
+
 def _prompts(runner: Runner, path: Path | None) -> list[str] | None:
     return None if unmeasurable(runner) is not None else load_eval_prompts(path)
 

@@ -32,7 +32,7 @@ from search_spaces.space import SearchSpace
 from tuner.console import err
 from tuner.interrupts import interrupts_deferred
 from tuner.quality import QualityBook, trial_figures
-from tuner.quality_plan import default_book
+from tuner.quality_plan import default_book, default_scenario
 from tuner.storage import WORKER, claim_trial, ensure_budget, release_claim, save_snapshot
 from tuner.study_guards import check_comparable
 
@@ -79,8 +79,9 @@ class StudyRun:
     quality: QualityBook | None = None
 
     def __post_init__(self):
-        if self.quality is None:
+        if self.quality is None:  # a run made without a plan (tests, benches)
             self.quality = default_book(self.study, self.runner)
+            self.scenario = default_scenario(self.scenario, self.runner, self.space)
 
 
 def create_study(
