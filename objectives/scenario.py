@@ -200,9 +200,10 @@ class QualitySLO(_Strict):
         return QualitySLO.model_validate(kept)
 
     def describe(self) -> str:
-        return ", ".join(
+        bounds = ", ".join(
             f"{QUALITY_SLO_FIELDS[figure]} {limit:g}" for figure, limit in self.bounds().items()
         )
+        return bounds + (" (each where supplied)" if self.apply == "supplied" else "")
 
 
 # Each quality figure and the SLO field that bounds it (top-1 agreement from below, the others

@@ -18,6 +18,16 @@ from testing.engines import engine_executable, engine_folder, engine_installed
 # delivered as at a terminal. A Python handler is reset to the default in children on exec.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# Tests that start real engines run one after the other on one xdist worker: two vLLM servers at
+# once would not fit the memory, and engines measuring side by side would measure each other.
+ENGINE_FIXTURES = {"vllm_python", "llama_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("engines"))
+
 
 def run_autotune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real command line, in a child process, as a user runs it."""

@@ -288,11 +288,11 @@ class Polisher:
         ran = 0
         for arm in compared:
             best = best_trial(self.run.study, self.run.scenario)
-            budget = per_arm
-            if best is not None:
-                controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
-                done = self.run_queued(self._new([controlled]))
-                ran, budget = ran + done, budget - done
+            if best is None:  # nothing met the SLA: no statement compares arms
+                break
+            controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
+            done = self.run_queued(self._new([controlled]))
+            ran, budget = ran + done, per_arm - done
             done = self.run_sampled(arm, budget // 2)
             ran, budget = ran + done, budget - done
             ran += self.polish(budget, arm).trials
