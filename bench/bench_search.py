@@ -215,6 +215,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for flag, (value, low, high) in limits.items():
         if not low <= value <= high:
             parser.error(f"{flag}: {value} is outside {low}..{high}")
+    if "product" in args.samplers and not args.product_seeds:
+        parser.error("--samplers: product runs --product-seeds seeds; give --product-seeds N")
     unknown = [name for name in args.samplers if not _known_sampler(name)]
     if unknown:
         allowed = ", ".join((*SAMPLERS, *BENCH_SAMPLERS))

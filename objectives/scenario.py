@@ -189,6 +189,15 @@ class QualitySLO(_Strict):
     # where the run's sources supply its figure, and at least one must.
     apply: Literal["all", "supplied"] = "all"
 
+    @model_validator(mode="after")
+    def _forms_to_apply(self):
+        if self.apply == "supplied" and not self.bounds():
+            raise ValueError(
+                "apply: supplied needs a bound to apply: max_accuracy_drop, max_kl or "
+                "min_top1_agreement"
+            )
+        return self
+
     def bounds(self) -> dict[str, float]:
         """The figure each set field bounds (objectives.quality.FIGURES) and its limit."""
         limits = {figure: getattr(self, field) for figure, field in QUALITY_SLO_FIELDS.items()}

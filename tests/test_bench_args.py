@@ -18,6 +18,7 @@ CASES = {
     "negative seed": (["--seed", "-1"], "--seed"),
     "no seeds": (["--seeds", "0"], "--seeds"),
     "unknown sampler": (["--samplers", "bogus"], "--samplers: unknown bogus"),
+    "the product without its seeds": (["--samplers", "product"], "--product-seeds"),
     "missing scenario file": (["--scenarios", "missing.yaml"], "--scenarios: missing.yaml"),
     "cache dir onto a file": (["--cache-dir", "a-file"], "--cache-dir: a-file is a file"),
     "scenarios saved onto a file": (["--save-scenarios", "a-file"], "--save-scenarios: a-file"),

@@ -78,3 +78,19 @@ def test_the_export_states_the_hold_and_the_capacity_that_held(tmp_path: Path, s
     assert hold["factor"] == 4 and hold["loads"][0]["requests"] == 4 * 200
     assert hold["claimed_rate"] == exported["metrics"]["capacity_rate"]
     assert exported["capacity"]["rate"] == hold["held_rate"]
+
+
+def test_a_claim_nothing_holds_is_exported_unheld_and_sizes_no_fleet():
+    """Three times what the config sustains: four grid steps down (5% each) still miss, so the
+    export's capacity says it did not hold, and no fleet is sized on it."""
+    from tuner.export import _held
+
+    scenario = small_scenario(requests=200)
+    runner = SimRunner()
+    found = evaluate(runner, CONFIG, scenario).metrics["capacity_rate"]
+    study, trial = _study_with(found * 3, scenario)
+    result = hold_pick(runner, study, scenario, trial, factor=2)
+    assert result["held_rate"] is None and len(result["loads"]) == 5
+    metrics = {"capacity_rate": found * 3, "capacity_rps": found * 3, "instances_for_peak": 2}
+    held = _held(metrics, result, peak_rate=10.0)
+    assert held["capacity_unheld"] is True and held["instances_for_peak"] is None

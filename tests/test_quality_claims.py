@@ -11,12 +11,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import optuna
+import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from objectives.quality import QualityFigure
 from tuner.quality import QualityBook
-from tuner.storage import QualityClaim, claim_pair, open_storage
+from tuner.storage import QualityClaim, claim_pair, open_storage, release_pair
 
 CONFIG = {"quantization": "w8a8", "kv_compression": 0.5}
 
@@ -131,3 +132,23 @@ def test_a_reference_that_keeps_failing_ends_measurement_with_its_reason(tmp_pat
         _trial(book)
     assert measure.calls == 0 and book.prepare.calls == 3  # three tries, then no more
     assert "out of memory" in book.trial_attrs(CONFIG)["quality_note"]
+
+
+def test_a_measurement_cut_short_gives_its_claim_back(tmp_path: Path):
+    """Ctrl-C inside the measurement: no figure, no reason, and the claim is given back, so the
+    next trial of the pair measures it instead of waiting for a worker that is gone."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(
+        storage=open_storage(url, 60), study_name="q", directions=["minimize", "maximize"]
+    )
+
+    def interrupted(config, session, prompts):
+        raise KeyboardInterrupt
+
+    book = _worker_book(url, _SlowMeasure())
+    storage = open_storage(url, 60)
+    book.measure = interrupted
+    book.release = lambda pair: release_pair(storage, "q", pair)
+    with pytest.raises(KeyboardInterrupt):
+        book.session_hook(CONFIG)(object())
+    assert claim_pair(storage, "q", "w8a8@0.5", stale_after_s=900)  # free again

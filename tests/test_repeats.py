@@ -92,3 +92,23 @@ def test_rivals_are_the_close_ones_only_and_a_config_counts_once():
     assert chosen[0] == 0 and len(chosen) == 1 + MAX_RIVALS
     assert 5 not in chosen  # 700 is 30% below
     assert len({1, 6} & set(chosen)) == 1  # the same config (batch_size 1) once
+
+
+def test_under_min_ttft_a_config_whose_repeats_failed_is_not_the_pick():
+    """Trial 0 had the fastest first token once, then both repeats failed; trial 1 is steady."""
+    scenario = small_scenario().model_copy(update={"pick": "min-ttft"})
+    study = _study([(80, 2000), (120, 2000)])
+    measure = _planted({0: [None, None], 1: [(125, 1990, True), (118, 2010, True)]})
+    result = repeat_pick(study, scenario, 3, measure)
+    assert result["pick"] == 1 and result["tied"] == []
+
+
+def test_a_repeat_that_missed_the_sla_does_not_widen_the_noise():
+    scenario = small_scenario()
+    study = _study([(100, 1000), (100, 900)])
+    measure = _planted(
+        {0: [(900, 300, False), (100, 1000, True)], 1: [(100, 900, True), (100, 905, True)]}
+    )
+    result = repeat_pick(study, scenario, 3, measure)
+    assert result["noise"] < 0.05  # the miss counts as 0 for its config, not as spread
+    assert result["pick"] == 1

@@ -167,12 +167,14 @@ def capacity_summary(
         "ttft_p99_ms": metrics.get("capacity_ttft_p99_ms"),
         "tpot_p99_ms": metrics.get("capacity_tpot_p99_ms"),
         "at_ceiling": metrics.get("capacity_at_ceiling", False),
-        # the rate the search found, where a longer hold lowered it (tuner.hold)
+        # the rate the search found, where a longer hold lowered it (tuner.hold); `held: false`
+        # where no rate held
         **(
             {"lowered_from": metrics["capacity_lowered_from"]}
             if "capacity_lowered_from" in metrics
             else {}
         ),
+        **({"held": False} if metrics.get("capacity_unheld") else {}),
         "time_limited": metrics.get("capacity_time_limited", False),
     }
     if peak_rate is not None:
@@ -251,10 +253,10 @@ def _held(
 ) -> dict[str, Any]:
     """The trial's capacity figures replaced by those of the rate its hold held at, where the
     hold lowered the claim."""
-    if hold is None or hold["held_rate"] in (None, hold["claimed_rate"]):
+    if hold is None or hold["held_rate"] == hold["claimed_rate"] or "capacity_rate" not in metrics:
         return metrics
-    if "capacity_rate" not in metrics:
-        return metrics
+    if hold["held_rate"] is None:  # no rate held: the claim stands unconfirmed, no fleet on it
+        return dict(metrics) | {"capacity_unheld": True, "instances_for_peak": None}
     load = next(load for load in hold["loads"] if load["rate"] == hold["held_rate"])
     held = dict(metrics) | {
         "capacity_rate": load["rate"],
@@ -293,12 +295,14 @@ def _repeats_of(repeated: dict[str, Any] | None, trial: int) -> dict[str, Any] |
     if repeated is None or str(trial) not in repeated["trials"]:
         return None
     runs = repeated["trials"][str(trial)]
-    values = runs["throughput"]
+    values = runs["throughput"]  # None: a repeat that failed
     return {
         "measurements": len(values),
         "throughput": values,
-        "median": statistics.median(values),
-        "worst": min(v if met else 0.0 for v, met in zip(values, runs["met"], strict=True)),
+        "median": statistics.median(v for v in values if v is not None),
+        "worst": min(
+            v if met and v is not None else 0.0 for v, met in zip(values, runs["met"], strict=True)
+        ),
         "ttft_p99_ms": runs["ttft_p99_ms"],
         "noise": repeated["noise"],
         "tied_with": repeated["tied"] if repeated["pick"] == trial else [],

@@ -65,26 +65,30 @@ def hold_pick(
     claimed = trial.user_attrs.get("capacity_rate") or scenario.nominal_rate
     searched = scenario.load.mode == "capacity"
     rate: float | None = claimed
-    loads = []
+    loads: list[dict[str, Any]] = []
     held = None
-    for _ in range(MAX_STEPS_DOWN + 1 if searched else 1):
-        assert rate is not None
-        load = _load(scenario, rate, factor)
-        with runner.session(config, load.workload) as session:
+    # One engine for every rate tried, as a capacity search's steps share one.
+    with runner.session(config, _load(scenario, claimed, factor).workload) as session:
+        for _ in range(MAX_STEPS_DOWN + 1 if searched else 1):
+            assert rate is not None
+            load = _load(scenario, rate, factor)
             measurement = session.measure(load.workload, load.sla, False)
-        metrics = summarize(measurement, load.sla)
-        meets = measurement.fault is None and is_feasible(constraint_values(metrics, load.sla))
-        loads.append(
-            {"rate": rate, "requests": load.workload.num_requests, "meets": meets}
-            | {key: metrics.get(key) for key in HELD_METRICS}
-            | ({"fault": measurement.fault.message[:300]} if measurement.fault else {})
-        )
-        if meets:
-            held = loads[-1]
-            break
-        rate = _step_down(scenario, rate)
-        if rate is None:
-            break
+            metrics = summarize(measurement, load.sla)
+            fault = measurement.fault
+            meets = fault is None and is_feasible(constraint_values(metrics, load.sla))
+            loads.append(
+                {"rate": rate, "requests": load.workload.num_requests, "meets": meets}
+                | {key: metrics.get(key) for key in HELD_METRICS}
+                | ({"fault": f"{fault.kind}: {fault.message}"[:300]} if fault else {})
+            )
+            if meets:
+                held = loads[-1]
+                break
+            if fault is not None and fault.kind != "sla-violated":
+                break  # the engine failed: no lower rate would say more about the config
+            rate = _step_down(scenario, rate)
+            if rate is None:
+                break
     result = {
         "trial": trial.number,
         "factor": factor,
@@ -112,8 +116,14 @@ def describe_hold(result: dict[str, Any], scenario: Scenario) -> str:
         for load in result["loads"]
     )
     if result["held_rate"] is None:
-        return line + f"misses at every rate tried ({tried}); the export says so"
-    return line + f"{tried}: the export's capacity is {result['held_rate']:.4g} {unit}"
+        return line + f"misses at every rate tried ({tried}); the export marks its capacity unheld"
+    below = (
+        f"; below the scenario's nominal {scenario.nominal_rate:g} {unit}: the config does not "
+        "sustain a normal day's load"
+        if result["held_rate"] < scenario.nominal_rate
+        else ""
+    )
+    return line + f"{tried}: the export's capacity is {result['held_rate']:.4g} {unit}{below}"
 
 
 def held_capacity(hold: dict[str, Any] | None, trial: int) -> dict[str, Any] | None:

@@ -82,6 +82,7 @@ class QualityBook:
     # claims a pair's measurement for this worker (tuner.storage.claim_pair; False: another
     # worker measures it, wait for its figure); None: this process is the study's only writer
     claim: Callable[[str], bool] | None = None
+    release: Callable[[str], None] | None = None  # gives back a claim that got no figure
     # the pair this trial leaves unmeasured (its reference failed to start; tried again later)
     unmeasured_now: tuple[str, float] | None = None
     log: Callable[[str], None] = field(
@@ -109,7 +110,11 @@ class QualityBook:
             if self.claim is not None and not self.claim(pair_key(pair)):
                 self._await(pair)
                 return
-            self._measure(config, session, pair)
+            try:
+                self._measure(config, session, pair)
+            finally:
+                if self.release is not None and not self._recorded(pair):
+                    self.release(pair_key(pair))
 
         return hook
 

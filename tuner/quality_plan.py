@@ -31,7 +31,7 @@ from tuner.quality import (
     merged_attrs,
     pair_key,
 )
-from tuner.storage import claim_pair
+from tuner.storage import claim_pair, release_pair
 
 # What a runner's measure_quality returns: teacher-forced log-probabilities against the
 # reference, so KL and top-1 agreement, never benchmark accuracy.
@@ -65,6 +65,7 @@ class QualityPlan:
         if storage is not None:
             name = study.study_name
             book.claim = lambda pair: claim_pair(storage, name, pair, CLAIM_STALE_S)
+            book.release = lambda pair: release_pair(storage, name, pair)
         return book
 
 

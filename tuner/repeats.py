@@ -15,6 +15,7 @@ repeats nothing by default.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from tuner.study import REPEATS_ATTR, best_trial, trial_knobs
 REAL_REPEATS = 3  # each candidate measured 3 times in all: a worst of three, in minutes
 RIVAL_SPAN = 0.2  # rivals within 20% of the pick's throughput (llama-server varied 19%)
 MAX_RIVALS = 3
+MAX_NOISE = 0.5  # the widest tie tolerance a scenario may state
 
 # (config, seed_offset) -> (TTFT p99 ms, throughput, met the SLA); None when it failed
 Measure = Callable[[dict[str, Any], int], tuple[float, float, bool] | None]
@@ -82,24 +84,34 @@ def repeat_pick(
 ) -> dict[str, Any] | None:
     """Measure the candidates k times in all (the trial itself is the first), pick on the worst
     repeat; kept as the study's REPEATS_ATTR, which best_trial then follows."""
+    # counted before the repeats: a trial another worker finishes meanwhile was no candidate,
+    # so it makes the decision stale
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     chosen = candidates(study, scenario)
     if len(chosen) == 0 or k < 2:
         return None
-    runs: dict[int, list[tuple[float, float, bool]]] = {}
+    runs: dict[int, list[tuple[float | None, float | None, bool]]] = {}
     for trial in chosen:
         first = (trial.values[0], trial.values[1], True)
         again = [measure(trial_knobs(study, trial), offset) for offset in range(1, k)]
-        runs[trial.number] = [first] + [r if r is not None else (0.0, 0.0, False) for r in again]
-    spreads = [_spread([r[1] for r in rs]) for rs in runs.values()]
-    noise = max([scenario.tie_tolerance, *spreads])
+        runs[trial.number] = [first] + [r if r is not None else (None, None, False) for r in again]
+    # A repeat that failed or missed the SLA is the worst on both objectives.
     worst = [
-        (number, max(r[0] for r in rs), min(r[1] if r[2] else 0.0 for r in rs))
+        (
+            number,
+            max(r[0] if r[2] and r[0] is not None else math.inf for r in rs),
+            min(r[1] if r[2] and r[1] is not None else 0.0 for r in rs),
+        )
         for number, rs in runs.items()
     ]
+    spreads = [_spread([r[1] for r in rs if r[2] and r[1]]) for rs in runs.values()]
+    noise = min(MAX_NOISE, max([scenario.tie_tolerance, *spreads]))
     pick = pick_best(worst, scenario.pick, noise)
     leader = next(w for w in worst if w[0] == pick)
-    tied = [w[0] for w in worst if w[0] != pick and w[2] >= leader[2] * (1 - noise)]
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if scenario.pick == "min-ttft":
+        tied = [w[0] for w in worst if w[0] != pick and w[1] <= leader[1] * (1 + noise)]
+    else:
+        tied = [w[0] for w in worst if w[0] != pick and w[2] >= leader[2] * (1 - noise)]
     result = {
         "k": k,
         "noise": noise,
@@ -120,20 +132,21 @@ def repeat_pick(
 
 
 def _spread(values: list[float]) -> float:
-    """(max - min) / median of repeats that ran (0 when fewer than two did)."""
-    ran = [v for v in values if v > 0]
-    if len(ran) < 2:
+    """(max - min) / median of the repeats that met the SLA (0 when fewer than two did)."""
+    if len(values) < 2:
         return 0.0
-    return (max(ran) - min(ran)) / statistics.median(ran)
+    return (max(values) - min(values)) / statistics.median(values)
 
 
 def describe_repeats(result: dict[str, Any]) -> str:
     """The console's line on the repeats."""
     shown = []
     for number, runs in result["trials"].items():
-        values = runs["throughput"]
+        values = [v for v in runs["throughput"] if v is not None]
+        failed = len(runs["throughput"]) - len(values)
         shown.append(
             f"#{number} {statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+            + (f", {failed} failed" if failed else "")
         )
     tie = (
         f"; tied within noise: {', '.join(f'#{n}' for n in result['tied'])}"

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     String,
     create_engine,
+    delete,
     select,
     text,
     update,
@@ -331,6 +332,19 @@ def claim_pair(
             .values(holder=WORKER, claimed_at=now)
         )
         return rows_matched(taken) == 1
+
+
+def release_pair(storage: optuna.storages.RDBStorage, study_name: str, pair: str) -> None:
+    """Give back this worker's claim on `pair` (its measurement ended without a figure or a
+    reason: interrupted, say), so a later trial measures it without waiting."""
+    with Session(storage.engine) as session, session.begin():
+        session.execute(
+            delete(QualityClaim).where(
+                QualityClaim.study_name == study_name,
+                QualityClaim.pair == pair,
+                QualityClaim.holder == WORKER,
+            )
+        )
 
 
 class NightlyRun(Base):
