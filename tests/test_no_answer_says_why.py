@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import run_autotune
@@ -25,24 +26,29 @@ def _space(tmp_path: Path, **knobs) -> str:
     return str(path)
 
 
-def test_a_fixed_config_that_cannot_run_says_why(tmp_path: Path, scenario_file: Path):
-    space = _space(tmp_path, batch_size=2, max_prefill_batch_size=4)
-    done = run_autotune(
-        "--scenario", str(scenario_file), "--space", space, "--no-html", cwd=tmp_path
-    )  # fmt: skip
-    assert done.returncode == 3, done.stderr
-    assert "trial 0 could not run: max_prefill_batch_size 4 > batch_size 2" in done.stdout
+# A fixed config that gets nothing, and the line that says why. Two sequences at a time cannot
+# keep 500 ms TTFT at 6 req/s, nor at 1/16 of it with a 100 ms TPOT bound on bf16 weights.
+NOTHING = {
+    "cannot run": (
+        {"batch_size": 2, "max_prefill_batch_size": 4},
+        "trial 0 could not run: max_prefill_batch_size 4 > batch_size 2",
+    ),
+    "misses at every rate": (
+        {"batch_size": 2, "max_prefill_batch_size": 2},
+        "trial 0 missed the SLA: misses the SLA even at the lowest rate searched",
+    ),
+}
 
 
-def test_a_fixed_config_that_misses_at_every_rate_says_so(tmp_path: Path, scenario_file: Path):
-    """Two sequences at a time cannot keep 500 ms TTFT at 6 req/s, nor at 1/16 of it with a
-    100 ms TPOT bound on bf16 weights: nothing has a capacity to show."""
-    space = _space(tmp_path, batch_size=2, max_prefill_batch_size=2)
+@pytest.mark.parametrize("case", sorted(NOTHING))
+def test_a_fixed_config_that_gets_nothing_says_why(case: str, tmp_path: Path, scenario_file: Path):
+    knobs, said = NOTHING[case]
     done = run_autotune(
-        "--scenario", str(scenario_file), "--space", space, "--no-html", cwd=tmp_path
+        "--scenario", str(scenario_file), "--space", _space(tmp_path, **knobs), "--no-html",
+        cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
-    assert "trial 0 missed the SLA: misses the SLA even at the lowest rate searched" in done.stdout
+    assert said in done.stdout
 
 
 def test_a_baseline_a_fixed_knob_would_change_is_refused(tmp_path: Path, scenario_file: Path):

@@ -11,17 +11,22 @@ from tuner.repeats import MAX_RIVALS, candidates, repeat_pick
 from tuner.study import best_trial
 
 
+def _add(study: optuna.Study, values: tuple[float, float], batch_size: int) -> None:
+    """A feasible trial with (TTFT p99 ms, throughput) whose config is its batch size."""
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=list(values),
+            user_attrs={"knobs": {"batch_size": batch_size}},
+            system_attrs={"constraints": [-1.0]},
+        )
+    )
+
+
 def _study(trials: list[tuple[float, float]]) -> optuna.Study:
-    """Feasible trials with (TTFT p99 ms, throughput) and a knob each (batch_size = number)."""
+    """Feasible trials, trial n with batch_size n."""
     study = optuna.create_study(directions=["minimize", "maximize"])
     for number, values in enumerate(trials):
-        study.add_trial(
-            optuna.trial.create_trial(
-                values=list(values),
-                user_attrs={"knobs": {"batch_size": number}},
-                system_attrs={"constraints": [-1.0]},
-            )
-        )
+        _add(study, values, number)
     return study
 
 
@@ -47,12 +52,7 @@ def test_a_lucky_first_measurement_loses_to_a_steady_rival():
     assert result["pick"] == 1 and result["trials"]["0"]["throughput"] == [2500, 1900, 2000]
     assert best_trial(study, scenario).number == 1
     # a newer trial makes the decision stale: the pick rule decides again
-    study.add_trial(
-        optuna.trial.create_trial(
-            values=[90, 2600], user_attrs={"knobs": {"batch_size": 9}},
-            system_attrs={"constraints": [-1.0]},
-        )
-    )  # fmt: skip
+    _add(study, (90, 2600), 9)
     assert best_trial(study, scenario).number == 2
 
 
@@ -82,12 +82,7 @@ def test_rivals_are_the_close_ones_only_and_a_config_counts_once():
     polish) once."""
     scenario = small_scenario()
     study = _study([(100, 1000), (100, 950), (100, 900), (100, 850), (100, 820), (100, 700)])
-    study.add_trial(
-        optuna.trial.create_trial(
-            values=[100, 960], user_attrs={"knobs": {"batch_size": 1}},
-            system_attrs={"constraints": [-1.0]},
-        )
-    )  # fmt: skip
+    _add(study, (100, 960), 1)
     chosen = [t.number for t in candidates(study, scenario)]
     assert chosen[0] == 0 and len(chosen) == 1 + MAX_RIVALS
     assert 5 not in chosen  # 700 is 30% below

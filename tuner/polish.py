@@ -222,19 +222,26 @@ class Polisher:
     def _left_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
-    def run_queued(self, todo: list[dict[str, Any]]) -> int:
-        """Measure the params for real (the screen, if any, stands aside); how many ran: none
-        once the time is up, or while another run adds trials to the study (a trial of its is
+    def _may_run(self) -> bool:
+        """Time is left and no other run adds trials to the study now (a trial of its is
         running): queued trials are popped by whichever run asks first (on SQLite two can pop
-        the same one), so polish gives way and a later plain run on the study polishes it."""
+        the same one), so this run gives way and a later plain run on the study polishes it."""
         left = self._left_s()
-        if not todo or (left is not None and left <= 0) or has_running_trials(self.run.study):
+        return (left is None or left > 0) and not has_running_trials(self.run.study)
+
+    def _optimize(self, n: int) -> int:
+        """Run `n` trials for real (the screen, if any, stands aside); how many ran."""
+        before = len(self.run.reports)
+        optimize(replace(self.run, screen=None), n, self._left_s(), self.on_trial)
+        return len(self.run.reports) - before
+
+    def run_queued(self, todo: list[dict[str, Any]]) -> int:
+        """Measure the params; how many ran (none unless _may_run)."""
+        if not todo or not self._may_run():
             return 0
         for params in todo:
             self.run.study.enqueue_trial(params)
-        before = len(self.run.reports)
-        optimize(replace(self.run, screen=None), len(todo), left, self.on_trial)
-        return len(self.run.reports) - before
+        return self._optimize(len(todo))
 
     def polish(self, budget: int, arm: dict[str, Any] | None = None) -> Polish:
         """Measure the pick's one-knob neighbours until none beats it (the module's rule), at
@@ -267,18 +274,15 @@ class Polisher:
         PartialFixedSampler): the arm searched where the study's trials point, not only one knob
         from where the controlled trial landed. How many ran (none when time is up or another run
         adds trials, as run_queued)."""
-        left = self._left_s()
-        if n <= 0 or (left is not None and left <= 0) or has_running_trials(self.run.study):
+        if n <= 0 or not self._may_run():
             return 0
         study = self.run.study
         searched = study.sampler
         study.sampler = optuna.samplers.PartialFixedSampler(arm, searched)
-        before = len(self.run.reports)
         try:
-            optimize(replace(self.run, screen=None), n, left, self.on_trial)
+            return self._optimize(n)
         finally:
             study.sampler = searched
-        return len(self.run.reports) - before
 
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report

@@ -186,7 +186,7 @@ def _apply_supplied(
 
     if not supplied:
         missing = (
-            f"no quality table covers the model {model!r}"
+            _where_lacking(model, table, "", [])
             if table is None
             else f"{table.source} gives none of {', '.join(lacking)} for every searched pair"
         )
@@ -210,7 +210,7 @@ def _apply_supplied(
         names = ", ".join(QUALITY_SLO_FIELDS[f] for f in skipped)
         measured = why_not is not None and any(f in RUNNER_MEASURES for f in skipped)
         no_table = (
-            f"no quality table covers {model!r}" if table is None else f"{table.source} lacks them"
+            _where_lacking(model, table, "", []) if table is None else f"{table.source} lacks them"
         )
         note += f"; not {names}: " + (f"{why_not}, and " if measured else "") + no_table
     return scenario.model_copy(update={"quality": applied}), [note]
