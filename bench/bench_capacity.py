@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from objectives.scenario import Load, load_scenario, preset_names
-from runners.capacity import evaluate
+from runners.load.capacity import evaluate
 from runners.sim.runner import DEFAULTS, SimRunner
 
 CONFIGS = {

@@ -4,14 +4,14 @@
 
 caveat: the seed's "below about 256 input tokens disaggregation may not pay", as
   tests/test_disaggregation.py checks it: the best SLA-feasible capacity per chip
-  (runners.capacity's capacity_output_tokens_per_s) of co-located replicas and of xPyD splits
+  (runners.load.capacity's capacity_output_tokens_per_s) of co-located replicas and of xPyD splits
   over one small grid, for short prompts (128-256 tokens) and for long ones (4096 tokens) under a
   tight TPOT p99 bound, per engine and chip budget.
 seed: the article's comparison on its workload (customer-service, 512/128 tokens) at 8 chips:
   8 co-located replicas against 2 prefill + 6 decode instances (and one chip alone, the
   article's "single instance"): TTFT and TPOT p50 at the nominal rate, and the maximum
   throughput that meets the preset's SLA per chip and for the 8 chips, beside the article's.
-cost: wall time of one trial (`runners.capacity.evaluate`) of a disaggregated config against
+cost: wall time of one trial (`runners.load.capacity.evaluate`) of a disaggregated config against
   the co-located config it is matched with (same knobs and chips), median of REPEATS, one at a
   time. Goal: a disaggregated trial costs at most about 2x a co-located one.
 """
@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from objectives.scenario import Scenario, load_scenario
-from runners.capacity import evaluate
+from runners.load.capacity import evaluate
 from runners.sim.runner import SimRunner
 from testing.disaggregation import (
     QUANT,
@@ -177,7 +177,7 @@ def one_load(runner: SimRunner, config: dict[str, Any], chosen: Scenario) -> flo
 
 def cost() -> None:
     print(f"== cost: wall time, median of {REPEATS}, seconds ==")
-    print("   trial: runners.capacity.evaluate; load: one load at the nominal rate;")
+    print("   trial: runners.load.capacity.evaluate; load: one load at the nominal rate;")
     print("   requests: measured by all of a trial's loads (one decode instance's, disaggregated)")
     cases = [
         ("customer-service", load_scenario("customer-service"), 8, 2, 32, 16),

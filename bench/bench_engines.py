@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from objectives.scenario import Scenario, load_scenario
-from runners.llamacpp import LlamaCppRunner, LlamaCppSettings
-from runners.measurement import summarize
+from runners.engines.llamacpp import LlamaCppRunner, LlamaCppSettings
+from runners.load.measurement import summarize
 from testing.engines import ENGINES_DIR, engine_executable
 from testing.tiny_model import build_tiny_qwen2
 

@@ -33,7 +33,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from objectives.scenario import Scenario
-from runners.measurement import summarize
+from runners.load.measurement import summarize
 from runners.sim.calibration import (
     FREE,
     METRICS,

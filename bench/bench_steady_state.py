@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from objectives.scenario import SLA, load_scenario, preset_names
 from objectives.scoring import constraint_values, is_feasible
-from runners.capacity import CLOSED_WINDOW_CYCLES, evaluate
-from runners.measurement import summarize
+from runners.load.capacity import CLOSED_WINDOW_CYCLES, evaluate
+from runners.load.measurement import summarize
 from runners.sim.runner import DEFAULTS, SimRunner
 from tuner.export import load_export
 

@@ -14,7 +14,7 @@ minutes a grid). The tables are cached in the user's cache folder
 ($XDG_CACHE_HOME/autotune/bench-search, else ~/.cache/autotune/bench-search; `--cache-dir`),
 under a file named by a hash of the scenario's content (its name and description left out), the
 grid, and the simulator's source and profile files (runners/sim/**/*.py and *.yaml,
-runners/capacity.py, loadgen.py, measurement.py, workload.py, objectives/*.py and
+runners/load/capacity.py, loadgen.py, measurement.py, workload.py, objectives/*.py and
 search_spaces/engines.py), so any change to the simulator invalidates it. While a run evaluates
 a grid it holds a `.lock` file next to it (its pid): another run waits for the table, and takes
 the lock over if that process is gone.
@@ -40,7 +40,7 @@ from random_scenarios import sample_points
 
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values
-from runners.capacity import evaluate
+from runners.load.capacity import evaluate
 from runners.sim.runner import SimRunner
 from search_spaces.space import SearchSpace
 
@@ -51,10 +51,10 @@ FEASIBILITY_SAMPLE = 48  # grid points a random scenario's feasibility check eva
 SIM_SOURCES = (  # what a simulated trial's numbers depend on (the grid is in the key itself)
     "runners/sim/**/*.py",
     "runners/sim/**/*.yaml",
-    "runners/capacity.py",
-    "runners/loadgen.py",
-    "runners/measurement.py",
-    "runners/workload.py",
+    "runners/load/capacity.py",
+    "runners/load/loadgen.py",
+    "runners/load/measurement.py",
+    "runners/load/workload.py",
     "objectives/*.py",
     "search_spaces/engines.py",
 )

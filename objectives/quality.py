@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from objectives.userfile import InputError, load_yaml
-from search_spaces.knobs import Quantization
 
+# The weights precisions a quality figure can be for; the knob of that name (search_spaces.knobs)
+# takes its values from here, so a table and a search space speak one vocabulary.
+Quantization = Literal["bf16", "fp16", "w8a8", "w8a16", "w4a16"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 Source = Literal["published", "measured", "assumed", "calibrated"]
 REFERENCE = ("bf16", 1.0)  # (quantization, kv_compression) every figure is relative to
 # The figures a quality SLO can bound, in the order they are shown.

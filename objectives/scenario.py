@@ -319,7 +319,7 @@ class Scenario(_Strict):
     def rate_bounds(self) -> tuple[float, float]:
         nominal = self.nominal_rate
         high = self.load.max_rate
-        if high is None:  # a closed loop's window grows with it (runners.capacity)
+        if high is None:  # a closed loop's window grows with it (runners.load.capacity)
             high = nominal * 64
         low = self.load.min_rate
         if low is None:  # a closed loop keeps at least one request in flight

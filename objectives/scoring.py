@@ -34,9 +34,9 @@ def objective_values(metrics: dict[str, Any], scenario: Scenario) -> tuple[float
 
 
 # A load is sustained when the engine delivers all but a tolerance of the rate it is offered
-# (runners.measurement's `delivered_share`): a queue that keeps growing breaks every bound in the
-# end, however good the percentiles of a short load look. The tolerance leaves room for the
-# backlog's own swings, which shrink with the window as one over the square root of its
+# (runners.load.measurement's `delivered_share`): a queue that keeps growing breaks every
+# bound in the end, however good the percentiles of a short load look. The tolerance leaves
+# room for the backlog's own swings, which shrink with the window as one over the square root of its
 # measured requests: 5% at 1,000 (a steady customer-service window of 4,000 reads 0.96-1.02),
 # at most 15% (a 200-request window of a queue at 80% load read below 0.95 one time in five).
 SUSTAIN_TOLERANCE = 0.05

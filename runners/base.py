@@ -6,7 +6,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from objectives.scenario import SLA, Workload
-from runners.measurement import Fault, Measurement
+from runners.load.measurement import Fault, Measurement
 from search_spaces.space import SearchSpace
 
 

@@ -54,7 +54,7 @@ def _served(module: str, cls: str, deploys: bool = False) -> Callable[..., Runne
                 "deployments on a chip budget, disaggregated ones included, run on "
                 f"--runner {' or '.join(CHIP_BUDGET_RUNNERS)}"
             )
-        from runners.served import load_settings
+        from runners.engines.served import load_settings
 
         runner_cls = getattr(import_module(module), cls)
         settings = load_settings(
@@ -73,8 +73,8 @@ def _served(module: str, cls: str, deploys: bool = False) -> Callable[..., Runne
 
 RUNNERS: dict[str, Callable[..., Runner]] = {
     "sim": _make_sim,
-    "vllm": _served("runners.vllm", "VLLMRunner", deploys=True),
-    "llamacpp": _served("runners.llamacpp", "LlamaCppRunner"),
-    "mindie": _served("runners.mindie", "MindIERunner"),
-    "openai": _served("runners.openai", "OpenAIRunner"),
+    "vllm": _served("runners.engines.vllm", "VLLMRunner", deploys=True),
+    "llamacpp": _served("runners.engines.llamacpp", "LlamaCppRunner"),
+    "mindie": _served("runners.engines.mindie", "MindIERunner"),
+    "openai": _served("runners.engines.openai", "OpenAIRunner"),
 }

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
+
+from objectives.quality import QUANTIZATIONS
 
 ENGINES = ("mindie", "vllm", "llamacpp")
-Quantization = Literal["bf16", "fp16", "w8a8", "w8a16", "w4a16"]
-QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 SELECT_BATCH_MODES = ("prefill-first", "decode-first")
 
 Renderer = Callable[[Any], dict[str, Any]]

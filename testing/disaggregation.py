@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from objectives.scenario import SLA, Fixed, Normal, Poisson, Scenario, Uniform, load_scenario
-from runners.capacity import evaluate
+from runners.load.capacity import evaluate
 from runners.sim.runner import SimRunner
 
 

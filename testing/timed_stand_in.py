@@ -22,8 +22,8 @@ DELAY_MS = 20.0  # the stand-in's wait before its first chunk
 def overhead_ms(tmp_path: Path, requests: int) -> list[float]:
     """Per request: the load generator's TTFT less the stand-in's own wait, in ms (the stand-in
     run in its own process in `tmp_path`, one request at a time, 50 ms apart)."""
-    from runners.loadgen import Target, drive
-    from runners.workload import Requests
+    from runners.load.loadgen import Target, drive
+    from runners.load.workload import Requests
 
     port_file, log_file = tmp_path / "port", tmp_path / "log"
     server = subprocess.Popen(

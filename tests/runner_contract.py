@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from objectives.scenario import SLA, Load, Scenario, Workload
-from runners.capacity import evaluate
-from runners.measurement import Measurement, summarize
-from runners.workload import Requests, make_requests
+from runners.load.capacity import evaluate
+from runners.load.measurement import Measurement, summarize
+from runners.load.workload import Requests, make_requests
 from search_spaces.knobs import ENGINES
 from tests.conftest import small_scenario
 
 
 def judged_window(attrs: dict, workload: Workload) -> Requests:
     """The planned requests of a trial's nominal load as judged: the scenario's, with twice as
-    many per window after the first until one settled (runners.capacity)."""
+    many per window after the first until one settled (runners.load.capacity)."""
     sent = workload.num_requests * 2 ** (attrs["windows"] - 1)
     assert attrs["requests_sent"] == sent
     return make_requests(workload.model_copy(update={"num_requests": sent}))
@@ -113,7 +113,7 @@ class RunnerContract:
         planned = make_requests(workload)
         metrics = summarize(measured, scenario.sla)
         # Every request is served; the first tenth (rounded down) warm up the engine and are no
-        # percentile samples (runners.measurement).
+        # percentile samples (runners.load.measurement).
         warmup = len(planned) // 10
         assert metrics["requests_sent"] == metrics["requests_ok"] == len(planned)
         assert metrics["warmup_requests"] == warmup

@@ -124,7 +124,7 @@ CASES = {
         "presets",
     ),
     # 8. (a closed loop with fewer requests than in flight is no longer refused: each window
-    # sends at least 10 requests per request in flight, runners.capacity.CLOSED_WINDOW_CYCLES)
+    # sends at least 10 requests per request in flight, runners.load.capacity.CLOSED_WINDOW_CYCLES)
     "a boolean for a rate": (
         lambda tmp, sc: [
             "--scenario",

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from objectives.scenario import SLA, Load, Scenario, load_scenario
-from runners.capacity import evaluate
+from runners.load.capacity import evaluate
 from runners.sim.runner import DEFAULTS, SimRunner
 from tests.conftest import run_autotune, small_scenario
 from tuner.export import load_export
@@ -75,7 +75,7 @@ def test_search_brackets_then_bisects_to_precision():
     assert bad == min(s["rate"] for s in steps if not s["meets_sla"])
     assert good < bad <= good * 1.02 + 1e-12
     # A failed step was stopped once it was certainly broken, measured a p99 over the bound, or
-    # reached the extension cap unsettled (no steady-state meet: runners.capacity).
+    # reached the extension cap unsettled (no steady-state meet: runners.load.capacity).
     assert all(
         s.get("fault", "").startswith("sla-violated")
         or s["ttft_p99_ms"] > 2000

@@ -17,8 +17,8 @@ import pytest
 from pydantic import ValidationError
 
 from objectives.scenario import Scenario, load_scenario
-from runners.capacity import evaluate
-from runners.measurement import Fault, Measurement, load_certainly_fails
+from runners.load.capacity import evaluate
+from runners.load.measurement import Fault, Measurement, load_certainly_fails
 
 BOUND_MS = 500.0
 

@@ -58,7 +58,7 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
         ):
             assert key in t.user_attrs, key
         # The nominal load runs whole, in windows of the scenario's 200 requests that double
-        # until one settles (runners.capacity); a window's first tenth is warm-up, no sample.
+        # until one settles (runners.load.capacity); a window's first tenth is warm-up, no sample.
         sent = t.user_attrs["requests_sent"]
         assert sent == 200 * 2 ** (t.user_attrs["windows"] - 1)
         assert t.user_attrs["ttft_samples"] == sent - sent // 10

@@ -24,13 +24,13 @@ from objectives.scenario import (
     Uniform,
     load_scenario,
 )
-from runners.measurement import summarize
+from runners.load.measurement import summarize
+from runners.load.workload import Requests
 from runners.sim.disaggregated import DecodeOnly, DisaggregatedSession
 from runners.sim.engine import Simulation
 from runners.sim.prefill_only import prefill_ends
 from runners.sim.router import at_fleet_rate, replica_requests
 from runners.sim.runner import DEFAULTS, SimRunner
-from runners.workload import Requests
 from search_spaces.space import ROLE_KNOBS, SearchSpace
 from testing.disaggregation import (
     best_capacity_per_chip,

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from objectives.scoring import constraint_values, is_feasible
-from runners.capacity import evaluate
-from runners.measurement import summarize
+from runners.load.capacity import evaluate
+from runners.load.measurement import summarize
 from runners.sim.runner import DEFAULTS, SimRunner
 from tests.conftest import run_autotune, small_scenario
 from tuner.hold import HOLD_ATTR, hold_pick

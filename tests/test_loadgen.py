@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runners.measurement import p99_breaking_count, summarize
-from runners.workload import make_requests
+from runners.load.measurement import p99_breaking_count, summarize
+from runners.load.workload import make_requests
 from testing.engines import engine_scenario
 from tests.test_runner_llamacpp import GOOD, make_runner
 

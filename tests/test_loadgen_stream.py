@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from objectives.scenario import SLA
-from runners.loadgen import RejectionRule, Target, drive
-from runners.workload import Requests
+from runners.load.loadgen import RejectionRule, Target, drive
+from runners.load.workload import Requests
 
 TOKENS = 32
 
@@ -114,7 +114,7 @@ def test_a_live_server_refusing_every_request_is_a_miss_not_an_engine_fault(tiny
     """An overloaded server may refuse a whole step: that step misses the success rate (the
     capacity search bisects on it); only an engine that dies or hangs is a fault."""
     from objectives.scenario import SLA as Sla
-    from runners.openai import OpenAIRunner, OpenAISettings
+    from runners.engines.openai import OpenAIRunner, OpenAISettings
     from testing.engines import engine_scenario
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesAll)

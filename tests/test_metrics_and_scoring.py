@@ -5,7 +5,7 @@ import pytest
 
 from objectives.scenario import SLA, load_scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values, pick_best
-from runners.measurement import Fault, Measurement, summarize
+from runners.load.measurement import Fault, Measurement, summarize
 
 
 def records(ttft, e2el, out, ok=None):

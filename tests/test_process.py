@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.process import (
+from runners.engines.process import (
     EngineFailed,
     EngineProcess,
     choose_port,
@@ -133,7 +133,7 @@ def test_engine_dies_with_autotune_even_on_sigkill(tmp_path):
         f"""
         import os, sys, time
         sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
-        from runners.process import EngineProcess
+        from runners.engines.process import EngineProcess
         up = "import time; print('up', flush=True); time.sleep(600)"
         engine = EngineProcess([sys.executable, "-c", up],
                                os.environ, __import__("pathlib").Path({str(engine_log)!r}))

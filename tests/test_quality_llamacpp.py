@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from runners.llamacpp_quality import PerplexityQuality
 from runners.quality import QualityUnavailable, load_eval_prompts
+from runners.quality.llamacpp import PerplexityQuality
 from testing.engines import engine_scenario
 from tests.test_runner_llamacpp import make_runner
 

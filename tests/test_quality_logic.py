@@ -9,9 +9,9 @@ import math
 import pytest
 
 from objectives.userfile import InputError
-from runners.llamacpp_quality import context_for, parse_kl_output
-from runners.logprob_quality import bucket_kl, compare, token_windows
 from runners.quality import QualityUnavailable, eval_set_hash, load_eval_prompts
+from runners.quality.llamacpp import context_for, parse_kl_output
+from runners.quality.logprob import bucket_kl, compare, token_windows
 
 ln = math.log
 

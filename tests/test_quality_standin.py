@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.mindie import MindIERunner, MindIESettings
-from runners.openai import OpenAIRunner, OpenAISettings
+from runners.engines.mindie import MindIERunner, MindIESettings
+from runners.engines.openai import OpenAIRunner, OpenAISettings
 from runners.quality import QualityUnavailable, load_eval_prompts
 from tests.conftest import small_scenario
 from tests.test_runner_mindie import INSTALLED

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from runners.engines.vllm import VLLMRunner
 from runners.quality import load_eval_prompts
-from runners.vllm import VLLMRunner
 from testing.engines import engine_scenario, vllm_settings
 
 BASE = {"batch_size": 8, "select_batch": "decode-first", "max_prefill_tokens": 512}

@@ -22,9 +22,9 @@ import optuna
 import pytest
 import yaml
 
-from runners.llamacpp import LlamaCppRunner, LlamaCppSettings
-from runners.process import EngineProcess, choose_port, http_ready, tail
-from runners.prompts import PromptMaker, load_tokenizer
+from runners.engines.llamacpp import LlamaCppRunner, LlamaCppSettings
+from runners.engines.process import EngineProcess, choose_port, http_ready, tail
+from runners.load.prompts import PromptMaker, load_tokenizer
 from testing.engines import engine_scenario, llama_settings
 from tests.conftest import run_autotune
 from tests.runner_contract import (

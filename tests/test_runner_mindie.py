@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from objectives.userfile import InputError
-from runners.mindie import READY_LINE, MindIERunner, MindIESettings
-from runners.served import load_settings
+from runners.engines.mindie import READY_LINE, MindIERunner, MindIESettings
+from runners.engines.served import load_settings
 from search_spaces.knobs import render
 from tests.conftest import small_scenario
 from tests.runner_contract import RunnerContract

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.openai import OpenAIRunner, OpenAISettings
-from runners.process import EngineProcess, choose_port, http_ready
+from runners.engines.openai import OpenAIRunner, OpenAISettings
+from runners.engines.process import EngineProcess, choose_port, http_ready
 from search_spaces.space import SearchSpace
 from testing.engines import engine_scenario
 from tests.runner_contract import RunnerContract

@@ -12,8 +12,8 @@ import optuna
 import pytest
 import yaml
 
+from runners.engines.vllm import VLLMRunner
 from runners.sim.profiles import load_hardware
-from runners.vllm import VLLMRunner
 from testing.engines import engine_scenario, vllm_settings
 from tests.conftest import calibrate_summary, run_autotune
 from tests.runner_contract import (

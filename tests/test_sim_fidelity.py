@@ -14,8 +14,8 @@ import pytest
 
 from objectives.scenario import Scenario
 from objectives.userfile import InputError
-from runners.capacity import evaluate
-from runners.measurement import Measurement
+from runners.load.capacity import evaluate
+from runners.load.measurement import Measurement
 from runners.sim.calibration import (
     FREE,
     Observation,
@@ -166,7 +166,7 @@ def _simulated_observations(truth, scenario: Scenario) -> list[Observation]:
         evaluation = evaluate(SimRunner("vllm", "qwen2-7b", truth), config, scenario)
         for step in evaluation.metrics["capacity_steps"]:
             # The calibration replays the scenario's horizon: a step extended to settle
-            # (runners.capacity) was measured on more requests.
+            # (runners.load.capacity) was measured on more requests.
             if "fault" not in step and step["windows"] == 1:
                 measured = {
                     k: step[k]

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from objectives.scenario import Closed, Fixed, Poisson
-from runners.measurement import summarize
+from runners.load.measurement import summarize
+from runners.load.workload import make_requests
 from runners.sim.costs import CostModel
 from runners.sim.engine import Simulation
 from runners.sim.profiles import QWEN2_7B, load_hardware
 from runners.sim.runner import DEFAULTS, SimRunner
-from runners.workload import make_requests
 from tests.conftest import small_scenario
 
 HW = load_hardware("ascend-910b2")

@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 
 from objectives.scenario import SLA, Load, Scenario, load_scenario
-from runners.capacity import _step, evaluate, settle_margin, unsettled
-from runners.loadgen import RejectionRule, Target, drive
-from runners.measurement import (
+from runners.load.capacity import _step, evaluate, settle_margin, unsettled
+from runners.load.loadgen import RejectionRule, Target, drive
+from runners.load.measurement import (
     Measurement,
     load_certainly_fails,
     summarize,
     ttft_trend,
     warmup_requests,
 )
+from runners.load.workload import Requests
 from runners.sim.runner import DEFAULTS, SimRunner
-from runners.workload import Requests
 
 BOUND_MS = 500.0
 

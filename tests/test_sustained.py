@@ -14,10 +14,10 @@ import pytest
 
 from objectives.scenario import SLA, Load, Scenario, Workload, load_scenario
 from objectives.scoring import constraint_values, is_feasible, sustain_tolerance
-from runners.capacity import evaluate
-from runners.measurement import Measurement, delivered, summarize, warmup_requests
+from runners.load.capacity import evaluate
+from runners.load.measurement import Measurement, delivered, summarize, warmup_requests
+from runners.load.workload import make_requests
 from runners.sim.runner import DEFAULTS, SimRunner
-from runners.workload import make_requests
 
 
 def _measurement(send: np.ndarray, finish: np.ndarray, first: np.ndarray | None = None):

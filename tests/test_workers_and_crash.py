@@ -81,7 +81,7 @@ def test_three_workers_run_exactly_the_requested_trials(tmp_path: Path):
         for t in trials:
             if t.state == TrialState.COMPLETE:
                 # The nominal load in windows of 1,500 requests doubling until one settles, its
-                # first tenth warm-up (runners.capacity, runners.measurement).
+                # first tenth warm-up (runners.load.capacity, runners.load.measurement).
                 sent = t.user_attrs["requests_sent"]
                 assert sent == 1500 * 2 ** (t.user_attrs["windows"] - 1)
                 assert t.user_attrs["ttft_samples"] == sent - sent // 10

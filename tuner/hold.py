@@ -21,8 +21,8 @@ from optuna.trial import FrozenTrial
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner
-from runners.capacity import CLOSED_WINDOW_CYCLES
-from runners.measurement import summarize
+from runners.load.capacity import CLOSED_WINDOW_CYCLES
+from runners.load.measurement import summarize
 from tuner.study import trial_knobs
 
 HOLD_ATTR = "hold"  # study attribute: the last hold, for the export and the report

@@ -27,8 +27,8 @@ from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values
 from objectives.userfile import InputError
 from runners.base import Runner
-from runners.capacity import evaluate
-from runners.process import pid_alive
+from runners.engines.process import pid_alive
+from runners.load.capacity import evaluate
 from tuner.storage import WORKER, NightlyLock, NightlyRun, has_table, rows_matched
 from tuner.study import beating
 

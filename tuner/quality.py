@@ -96,7 +96,7 @@ class QualityBook:
         )
 
     def session_hook(self, config: dict[str, Any]) -> Callable[[Any], None] | None:
-        """For runners.capacity.evaluate: measure the pair once its engine serves, unless the
+        """For runners.load.capacity.evaluate: measure the pair once its engine serves, unless the
         study already knows it (measured, or known not to be measurable)."""
         if self.measure is None:
             return None

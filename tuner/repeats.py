@@ -5,7 +5,7 @@ One real trial is one draw of the arrivals on a busy machine: on llama-server on
 capacity read 2,128 and 2,526 tok/s in two studies, more than the gap between the top configs
 (bench/README.md). So after the study, the pick and every feasible rival within RIVAL_SPAN of
 its throughput (at most MAX_RIVALS) run `k - 1` more times, each with fresh requests
-(runners.capacity.evaluate's seed_offset). The pick rule then reads each one's worst repeat
+(runners.load.capacity.evaluate's seed_offset). The pick rule then reads each one's worst repeat
 (lowest throughput, highest TTFT p99; a repeat that missed the SLA reads 0), with the noise the
 repeats showed as its tie tolerance: rivals within it tie, and the second objective breaks the
 tie (Optuna's pick_best). SCOOT (WWW 2025) re-tests its final configs under several request
@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values, pick_best
 from runners.base import Runner
-from runners.capacity import evaluate
+from runners.load.capacity import evaluate
 from tuner.study import REPEATS_ATTR, best_trial, trial_knobs
 
 REAL_REPEATS = 3  # each candidate measured 3 times in all: a worst of three, in minutes

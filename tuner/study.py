@@ -26,8 +26,8 @@ from objectives.scoring import (
 )
 from objectives.userfile import first_line
 from runners.base import Runner
-from runners.capacity import evaluate
-from runners.measurement import Fault
+from runners.load.capacity import evaluate
+from runners.load.measurement import Fault
 from search_spaces.space import SearchSpace
 from tuner.console import err
 from tuner.interrupts import interrupts_deferred

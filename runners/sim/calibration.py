@@ -25,7 +25,7 @@ import numpy as np
 import optuna
 
 from objectives.scenario import Scenario
-from runners.measurement import summarize
+from runners.load.measurement import summarize
 from runners.sim.profiles import Figure, HardwareProfile, Source
 
 # What the simulator is judged on: both ends of the latency, and the rate.
@@ -58,7 +58,8 @@ class Observation:
     config: dict[str, Any]
     rate: float
     measured: dict[str, float]  # METRICS that were measured
-    # The judged window's requests (runners.capacity extends a step's load); None: the scenario's.
+    # The judged window's requests (runners.load.capacity extends a step's load); None: the
+    # scenario's.
     requests: int | None = None
 
 

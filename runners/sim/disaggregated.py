@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 
 from objectives.scenario import SLA, Workload
-from runners.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
+from runners.load.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
+from runners.load.workload import Requests, make_requests
 from runners.sim.costs import CostModel
 from runners.sim.engine import Simulation
 from runners.sim.prefill_only import prefill_ends
 from runners.sim.profiles import LinkFigures
 from runners.sim.router import fleet_window
 from runners.sim.scheduler import Scheduler
-from runners.workload import Requests, make_requests
 from search_spaces.deployment import Roles
 
 # Where a client's first token comes from, per engine (module docstring).

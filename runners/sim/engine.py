@@ -23,10 +23,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from runners.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
+from runners.load.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
+from runners.load.workload import Requests
 from runners.sim.costs import CostModel
 from runners.sim.scheduler import Scheduler, TraceStep
-from runners.workload import Requests
 
 
 class _Due(NamedTuple):
@@ -50,7 +50,7 @@ class Simulation:
     ):
         self.cost, self.scheduler, self.block_tokens = cost, scheduler, block_tokens
         # Early rejection as the load generator does it: stop once the TTFT p99 bound is
-        # certainly broken. The warm-up's requests are no p99 samples (runners.measurement).
+        # certainly broken. The warm-up's requests are no p99 samples (runners.load.measurement).
         self.latency_s = cost.hardware.request_latency_s
         self.ttft_bound_s = ttft_bound_s
         planned = len(requests)

@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-from runners.measurement import p99_breaking_count
+from runners.load.measurement import p99_breaking_count
 from runners.sim.costs import CostModel
 from runners.sim.scheduler import Scheduler
 

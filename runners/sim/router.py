@@ -5,7 +5,7 @@ disaggregated-serving test proxy, toy_proxy_server.py, and a plain load balancer
 from __future__ import annotations
 
 from objectives.scenario import Closed, Workload
-from runners.workload import Requests, make_requests
+from runners.load.workload import Requests, make_requests
 
 
 def at_fleet_rate(workload: Workload, chips: int) -> Workload:

@@ -9,7 +9,7 @@ from typing import Any
 from objectives.scenario import SLA, Workload
 from objectives.userfile import InputError
 from runners.base import FailedSession, Session, run_once
-from runners.measurement import Fault, Measurement
+from runners.load.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
 from runners.sim.disaggregated import FIRST_TOKEN_FROM, DisaggregatedSession, Fleet
 from runners.sim.engine import Simulation

@@ -3,12 +3,12 @@ OpenAI-compatible streaming `/v1/completions` endpoint (asyncio + httpx).
 
 Per request it records send, first-token and finish times, the server's own token counts and
 the gaps between streamed chunks (ITL); errors and timeouts are kept as failed requests, never
-dropped. Metric definitions live in runners/measurement.py.
+dropped. Metric definitions live in runners/load/measurement.py.
 
 Early rejection: Optuna cannot prune multi-objective trials, so a load asked to stop early
 stops as soon as its SLA is certainly missed, counting as the metrics do: the TTFT p99 covers
 successful requests after the warm-up, the success rate counts every failed one, and a late
-request still in flight may end either way (runners.measurement.load_certainly_fails).
+request still in flight may end either way (runners.load.measurement.load_certainly_fails).
 
 A token is counted when the server says it was generated, not when it shows text: a token that
 ends inside a multi-byte character (or a random model's special token) streams as empty text.
@@ -29,8 +29,8 @@ import httpx
 import numpy as np
 
 from objectives.scenario import SLA
-from runners.measurement import Measurement, load_certainly_fails, warmup_requests
-from runners.workload import Requests
+from runners.load.measurement import Measurement, load_certainly_fails, warmup_requests
+from runners.load.workload import Requests
 
 WATCH_INTERVAL_S = 0.05
 
@@ -56,7 +56,7 @@ class RejectionRule:
 
 
 class LateTally(NamedTuple):
-    """Where a load stands against its TTFT bound (runners.measurement.load_certainly_fails):
+    """Where a load stands against its TTFT bound (runners.load.measurement.load_certainly_fails):
     the first three count the requests after the warm-up."""
 
     late_ok: int  # successful requests whose first token came after the bound

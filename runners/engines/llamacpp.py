@@ -19,10 +19,16 @@ from objectives.quality import QualityFigure
 from objectives.scenario import Workload
 from objectives.userfile import InputError
 from runners.base import Session
-from runners.llamacpp_quality import PerplexityQuality
-from runners.process import EngineFailed
+from runners.engines.process import EngineFailed
+from runners.engines.served import (
+    SERVED_NAME,
+    Launch,
+    RunnerSettings,
+    ServedRunner,
+    special_token_bias,
+)
 from runners.quality import QualityUnavailable, model_key
-from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner, special_token_bias
+from runners.quality.llamacpp import PerplexityQuality
 from search_spaces.engines import llamacpp_args, violations
 from search_spaces.knobs import LLAMACPP_GGUF_TYPES
 
@@ -110,7 +116,7 @@ class LlamaCppRunner(ServedRunner):
     def measure_quality(
         self, config: dict[str, Any], session: Session, eval_prompts: list[str]
     ) -> QualityFigure:
-        """llama-perplexity's KL divergence beside the server (runners/llamacpp_quality.py); the
+        """llama-perplexity's KL divergence beside the server (runners/quality/llamacpp.py); the
         session is not used: the tool loads the config's GGUF itself."""
         return self._perplexity().measure(config, eval_prompts)
 

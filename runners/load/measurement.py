@@ -22,12 +22,12 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   their least-squares slope. The first half is left out because an engine that starts empty
   fills up to its steady backlog (rate x latency) before it delivers what it is offered.
   `delivered_share` is the delivered over the offered rate of that half: 1 when the engine
-  keeps up, below when its queue or running batch is still growing (runners.capacity requires
+  keeps up, below when its queue or running batch is still growing (runners.load.capacity requires
   it within objectives.scoring.sustain_tolerance of 1); None when the half holds fewer than
   DELIVERED_MIN_SAMPLES sends.
 - TTFT trend: the Spearman rank correlation between the order of eight consecutive slices of
   the measured successful requests and their median TTFT (0 when the medians lie within 1% of
-  each other); near 1 when the queue is still growing when the load ends (runners.capacity
+  each other); near 1 when the queue is still growing when the load ends (runners.load.capacity
   decides what that means for a verdict).
 - per chip: throughputs, goodput and the offered rate are divided by the chips that served
   the requests (`Measurement.chips`: a co-located replica's measurement is one chip's; a

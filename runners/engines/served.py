@@ -19,16 +19,16 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
+from objectives.quality import QUANTIZATIONS, Quantization
 from objectives.scenario import SLA, Workload
 from objectives.userfile import InputError, load_yaml, read_text
 from runners.base import FailedSession, Session, run_once
-from runners.loadgen import RejectionRule, Target, drive
-from runners.measurement import Fault, Measurement
-from runners.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
-from runners.prompts import PromptMaker, load_tokenizer
+from runners.engines.process import EngineFailed, EngineProcess, choose_port, http_ready, tail
+from runners.load.loadgen import RejectionRule, Target, drive
+from runners.load.measurement import Fault, Measurement
+from runners.load.prompts import PromptMaker, load_tokenizer
+from runners.load.workload import Requests
 from runners.sim.router import replica_requests
-from runners.workload import Requests
-from search_spaces.knobs import QUANTIZATIONS, Quantization
 from search_spaces.space import SearchSpace
 
 _trial_seq = itertools.count()
@@ -189,14 +189,14 @@ class ServedRunner:
     def measure_quality(self, config: dict[str, Any], session: Session, eval_prompts: list[str]):
         """The config's QualityFigure, measured in its running session against the reference
         config (bf16 weights, KV 1.0); raises runners.quality.QualityUnavailable with the reason."""
-        from runners.logprob_quality import measure_by_prompt_logprobs
+        from runners.quality.logprob import measure_by_prompt_logprobs
 
         return measure_by_prompt_logprobs(self, config, session, eval_prompts)
 
     def prepare_quality(self, config: dict[str, Any], eval_prompts: list[str]) -> None:
         """Measure and keep the reference now, while no trial's engine runs (measure_quality
         otherwise starts it beside the trial's: two engines on one accelerator may not fit)."""
-        from runners.logprob_quality import ensure_reference
+        from runners.quality.logprob import ensure_reference
 
         ensure_reference(self, config, eval_prompts)
 

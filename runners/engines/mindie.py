@@ -17,8 +17,8 @@ from typing import Any
 
 from objectives.scenario import Workload
 from objectives.userfile import InputError
-from runners.process import choose_port, http_ready, log_line_ready
-from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner
+from runners.engines.process import choose_port, http_ready, log_line_ready
+from runners.engines.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner
 from search_spaces.engines import mindie_model_deploy, violations
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace

@@ -21,9 +21,9 @@ from objectives.quality import QualityFigure
 from objectives.scenario import Workload
 from objectives.userfile import InputError
 from runners.base import Session
-from runners.process import http_ready
+from runners.engines.process import http_ready
+from runners.engines.served import Launch, RunnerSettings, ServedRunner
 from runners.quality import QualityUnavailable
-from runners.served import Launch, RunnerSettings, ServedRunner
 from search_spaces.space import SearchSpace
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")

@@ -23,7 +23,7 @@ trial says so.
 Steady state: every step gets the same verdict whatever the scenario's `num_requests`. A step's
 load is a window of `num_requests` requests (below the nominal rate, in proportion to the rate,
 at least MIN_WINDOW) whose first tenth is warm-up, left out of the
-percentiles (runners.measurement). The window is settled when its verdict cannot be an accident
+percentiles (runners.load.measurement). The window is settled when its verdict cannot be an accident
 of where the load stopped: no percentile SLO (TTFT p99, TPOT p99) within `settle_margin` of its
 bound (30% at 1,000 requests after the warm-up, narrowing as one over the fourth root of their
 number: a short window's p99 misses or catches the bursts that set the long-run one; nine in ten
@@ -54,7 +54,7 @@ from typing import Any
 from objectives.scenario import SLA, Scenario
 from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner, Session
-from runners.measurement import Fault, Measurement, summarize, warmup_requests
+from runners.load.measurement import Fault, Measurement, summarize, warmup_requests
 
 CAPACITY_RAMP = 2.0  # rate factor per bracketing step
 # With the fourth-root margin, a cap of 4 left customer-service's export 1 seed in 3 above what

@@ -4,8 +4,8 @@ the same model and engine (bf16 weights, KV-cache compression off).
 
 This module holds what every engine shares: the evaluation set (shipped, or a user's
 `--quality-prompts` file), where reference measurements are kept, and the pair a config is
-measured for. How an engine measures lives beside it: `runners/logprob_quality.py` (servers
-that return prompt logprobs: vLLM, MindIE, OpenAI-compatible) and `runners/llamacpp_quality.py`
+measured for. How an engine measures lives beside it: `runners/quality/logprob.py` (servers
+that return prompt logprobs: vLLM, MindIE, OpenAI-compatible) and `runners/quality/llamacpp.py`
 (llama.cpp's `llama-perplexity --kl-divergence`).
 """
 
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from objectives.quality import REFERENCE
 from objectives.userfile import load_yaml
 
-DEFAULT_PROMPTS = resources.files("runners") / "eval" / "quality-prompts.yaml"
+DEFAULT_PROMPTS = resources.files("runners.quality") / "eval" / "quality-prompts.yaml"
 
 
 class QualityUnavailable(Exception):

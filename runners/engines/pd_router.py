@@ -1,4 +1,4 @@
-"""The router in front of a disaggregated vLLM deployment (runners.vllm_pd starts it).
+"""The router in front of a disaggregated vLLM deployment (runners.engines.vllm_pd starts it).
 
 Each completion request goes, in arrival order, to the next prefill instance and the next
 decode instance (round-robin on both, the policy runners/sim/router.py models and vLLM's

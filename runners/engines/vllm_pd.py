@@ -11,8 +11,8 @@ of the trial's (`prefill-0/engine.log`, ..., `decode-0/engine.log`, ..., `router
   kv_consumer on decode). ExampleConnector's store is the trial's `kv-store` folder unless
   `kv_connector_extra_config` names a `shared_storage_path`; a store of the trial's own is
   removed when the trial ends (its size is recorded: it holds every request's KV cache);
-- then the router (runners/pd_router.py, run by this Python): each request to the next prefill
-  and the next decode instance in turn.
+- then the router (runners/engines/pd_router.py, run by this Python): each request to the
+  next prefill and the next decode instance in turn.
 All engines start at once; the router once they all answer /health. A process that exits
 before it is ready, or is not ready within `ready_timeout_s`, fails the trial with its log's
 last lines, and every other process is stopped.
@@ -40,14 +40,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
 from runners.base import FailedSession, Session
-from runners.measurement import Fault, Measurement
-from runners.process import EngineFailed, EngineProcess, choose_port, http_ready
-from runners.served import SERVED_NAME, EngineSession, Launch
+from runners.engines.process import EngineFailed, EngineProcess, choose_port, http_ready
+from runners.engines.served import SERVED_NAME, EngineSession, Launch
+from runners.engines.vllm_settings import VLLMSettings
+from runners.load.measurement import Fault, Measurement
 from runners.sim.router import fleet_window
 from search_spaces.deployment import deployment_label, memory_share, role_config, roles
 
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from objectives.scenario import SLA, Workload
-    from runners.vllm import VLLMRunner
 
 ROLES = ("prefill", "decode")
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -63,6 +63,23 @@ ROUTER = Path(__file__).with_name("pd_router.py")
 STORE = "kv-store"  # ExampleConnector's folder in the trial's, unless the settings name one
 NIXL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"  # NixlConnector's handshake port: one per instance
 _SOURCE = re.compile(r"^vllm:prompt_tokens_by_source_total\{([^}]*)\}\s+(\S+)$", re.MULTILINE)
+
+
+class VLLMRoles(Protocol):
+    """What a deployment asks of the vllm runner (runners.engines.vllm.VLLMRunner, which
+    starts one through this module and so is not imported by it)."""
+
+    settings: VLLMSettings
+
+    def violations(self, config: dict[str, Any], workload: Workload) -> list[str]: ...
+
+    def new_trial_dir(self) -> Path: ...
+
+    def single_engine_args(self, config: dict[str, Any], workload: Workload) -> list[str]: ...
+
+    def launch(
+        self, config: dict[str, Any], port: int, trial_dir: Path, workload: Workload
+    ) -> Launch: ...
 
 
 @dataclass
@@ -76,7 +93,7 @@ class Member:
 
 
 class Deployment:
-    """A deployment's processes: what its session watches (runners.served.Served)."""
+    """A deployment's processes: what its session watches (runners.engines.served.Served)."""
 
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
@@ -183,7 +200,7 @@ class _Ports:
         raise EngineFailed("start", "no free port on 127.0.0.1")
 
 
-def transfer_config(runner: VLLMRunner, role: str, store: Path) -> dict[str, Any]:
+def transfer_config(runner: VLLMRoles, role: str, store: Path) -> dict[str, Any]:
     """vLLM's --kv-transfer-config for a role's servers."""
     settings = runner.settings
     extra = dict(settings.kv_connector_extra_config)
@@ -193,7 +210,7 @@ def transfer_config(runner: VLLMRunner, role: str, store: Path) -> dict[str, Any
     return config | ({"kv_connector_extra_config": extra} if extra else {})
 
 
-def role_args(runner: VLLMRunner, config: dict[str, Any], role: str, store: Path) -> list[str]:
+def role_args(runner: VLLMRoles, config: dict[str, Any], role: str, store: Path) -> list[str]:
     """What a role's servers get after the runner's own arguments for its knobs."""
     transfer = json.dumps(transfer_config(runner, role, store), separators=(",", ":"))
     return [
@@ -227,7 +244,7 @@ def _store_bytes(store: Path) -> int:
 
 @contextmanager
 def disaggregated_session(
-    runner: VLLMRunner, config: dict[str, Any], workload: Workload
+    runner: VLLMRoles, config: dict[str, Any], workload: Workload
 ) -> Iterator[Session]:
     """Start the deployment for the config; nothing of it outlives this block."""
     reasons = runner.violations(config, workload)

