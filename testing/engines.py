@@ -50,6 +50,12 @@ def engine_scenario(
     return Scenario.model_validate(data)
 
 
+# llama-server logs its set-up (file type, KV-cache types, batch sizes, slots, threads) only at
+# verbosity 4, which also logs every request; the runner runs it quiet, a test that reads the
+# set-up asks for it (as a user would, in `extra_args`).
+SETUP_LOG = ["-lv", "4"]
+
+
 def llama_settings(server: Path, model: Path, logs: Path, cache: Path, **extra) -> dict:
     """llamacpp runner settings: one thread, the tiny model's qwen2 pre-tokenizer."""
     return {

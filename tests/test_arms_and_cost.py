@@ -10,7 +10,9 @@ import yaml
 
 from runners.quality import quality_pair
 from tests.conftest import run_autotune
+from tuner.one_chip import seed_co_located
 from tuner.polish import MIN_ARM_TRIALS
+from tuner.prepare import prepare
 
 
 def _study(tmp_path: Path) -> optuna.Study:
@@ -85,3 +87,78 @@ def test_the_front_collapses_ties(tmp_path: Path, scenario_file):
     assert len(rows) == len(alike)
     if len(study.best_trials) > len(alike):
         assert "alike (the same TTFT p99 and throughput as shown): trial" in result.stdout
+
+
+def test_a_chip_budget_study_starts_co_located_from_the_one_chip_study(
+    tmp_path: Path, scenario_file
+):
+    """A one-chip study of the scenario first; the 4-chip study of the same scenario in the
+    same storage then measures the one-chip study's best configs first, as co-located trials
+    (on N chips a co-located config runs one chip's config N times), and its later trials are
+    split between the deployments without one config measured twice (each proposal's side
+    sampler is seeded afresh: seeded alike, the first twenty trials ran two configs)."""
+    db = f"sqlite:///{tmp_path / 'studies.db'}"
+    common = ("--scenario", str(scenario_file), "--polish", "0", "--no-html", "--storage", db)
+    one = run_autotune(*common, "--trials", "8", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    (one_chip_name,) = optuna.get_all_study_names(db)
+    one_chip = optuna.load_study(study_name=one_chip_name, storage=db)
+    feasible = [t for t in one_chip.trials if t.user_attrs.get("status") == "feasible"]
+    most = max(t.values[1] for t in feasible)  # max-throughput: the most tokens/s
+
+    four = run_autotune(*common, "--trials", "16", "--chips", "4", cwd=tmp_path)
+    assert four.returncode in (0, 3), four.stderr
+    assert f"co-located starts from study {one_chip_name} (one chip)" in four.stderr
+    (name,) = set(optuna.get_all_study_names(db)) - {one_chip_name}
+    study = optuna.load_study(study_name=name, storage=db)
+    first = study.trials[0]
+    source, number = first.user_attrs["seeded_from"].split("#")
+    best = one_chip.trials[int(number)]
+    assert source == one_chip_name and best in feasible
+    assert best.values[1] >= 0.99 * most  # the best, or tied with it within the tolerance
+    assert first.user_attrs["knobs"]["deployment"] == "co-located"
+    for knob, value in best.user_attrs["knobs"].items():
+        assert first.user_attrs["knobs"][knob] == value
+    runs = [yaml.safe_dump(t.user_attrs["knobs"]) for t in study.trials[:16]]
+    assert len(set(runs)) == len(runs)
+    deployments = [t.user_attrs["knobs"]["deployment"] for t in study.trials[:16]]
+    assert abs(deployments.count("co-located") - deployments.count("disaggregated")) <= 3
+
+
+def test_without_a_one_chip_study_the_run_says_how_to_seed_one(tmp_path: Path, scenario_file):
+    """What a real engine's run says (on the simulator the run searches one chip first): the
+    study is prepared as the command line does, and nothing is queued."""
+    prepared = prepare(
+        scenario=str(scenario_file),
+        runner_name="sim",
+        engine="mindie",
+        model=None,
+        hardware=None,
+        engine_cmd=None,
+        runner_config=None,
+        space_path=None,
+        trials=2,
+        seed=0,
+        sampler="auto",
+        storage=f"sqlite:///{tmp_path / 'studies.db'}",
+        study_name=None,
+        baseline_path=None,
+        heartbeat_s=60,
+        outputs={},
+        chips=2,
+    )
+    note, queued = seed_co_located(prepared)
+    assert queued == 0 and not prepared.study.trials
+    assert note is not None and "no one-chip study of this scenario in the storage" in note
+
+
+def test_on_the_simulator_one_chip_is_searched_first(tmp_path: Path, scenario_file):
+    result = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "4", "--polish", "0", "--no-html",
+        "--chips", "2", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode in (0, 3), result.stderr
+    assert "one chip's study first" in result.stderr
+    assert "co-located starts from study" in result.stderr
+    names = optuna.get_all_study_names(f"sqlite:///{tmp_path / 'studies.db'}")
+    assert len(names) == 2 and sum(name.endswith(".2chips") for name in names) == 1

@@ -25,7 +25,7 @@ import yaml
 from runners.engines.llamacpp import LlamaCppRunner, LlamaCppSettings
 from runners.engines.process import EngineProcess, choose_port, http_ready, tail
 from runners.load.prompts import PromptMaker, load_tokenizer
-from testing.engines import engine_scenario, llama_settings
+from testing.engines import SETUP_LOG, engine_scenario, llama_settings
 from tests.conftest import run_autotune
 from tests.runner_contract import (
     RunnerContract,
@@ -68,7 +68,13 @@ class TestLlamaCpp(RunnerContract):
     @pytest.fixture(scope="class")
     @classmethod
     def runner(cls, llama_server, tiny_model, tmp_path_factory, gguf_cache):
-        return make_runner(llama_server, tiny_model, tmp_path_factory.mktemp("llama"), gguf_cache)
+        return make_runner(
+            llama_server,
+            tiny_model,
+            tmp_path_factory.mktemp("llama"),
+            gguf_cache,
+            extra_args=SETUP_LOG,
+        )
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -104,7 +110,11 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
     scenario = engine_scenario()
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
     (tmp_path / "runner.yaml").write_text(
-        yaml.safe_dump(llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache))
+        yaml.safe_dump(
+            llama_settings(
+                llama_server, tiny_model, tmp_path / "logs", gguf_cache, extra_args=SETUP_LOG
+            )
+        )
     )
     (tmp_path / "space.yaml").write_text(
         yaml.safe_dump(
@@ -189,7 +199,11 @@ def test_llama_server_started_from_an_export_serves_the_longest_request_on_every
     data = engine_scenario().model_dump(mode="json") | {"load": {"mode": "fixed"}}
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(data))
     (tmp_path / "runner.yaml").write_text(
-        yaml.safe_dump(llama_settings(llama_server, tiny_model, tmp_path / "logs", gguf_cache))
+        yaml.safe_dump(
+            llama_settings(
+                llama_server, tiny_model, tmp_path / "logs", gguf_cache, extra_args=SETUP_LOG
+            )
+        )
     )
     slots, prompt, answer = 64, 96, 24
     (tmp_path / "space.yaml").write_text(

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from objectives.scenario import SLA, Load, Scenario, load_scenario
-from runners.load.capacity import _step, evaluate, settle_margin, unsettled
+from runners.load.capacity import _step, evaluate, settle_margin, slowing, unsettled
 from runners.load.loadgen import RejectionRule, Target, drive
 from runners.load.measurement import (
     Measurement,
+    in_flight_at_send,
     load_certainly_fails,
     summarize,
     ttft_trend,
@@ -281,3 +282,60 @@ def test_below_the_nominal_rate_a_window_lasts_no_longer_than_a_nominal_one():
         session = WindowSession(lambda n: 0.1)  # far under the bound: settled at once
         _step(session, scenario, rate, stop_early=False)
         assert [n for n, _, _ in session.calls] == [requests]
+
+
+def test_in_flight_at_send_counts_the_requests_sent_before_and_not_yet_finished():
+    """Sends at 0, 1, 2, 3 s; the first finishes at 2.5 s, the second at 1.5, the third never
+    (NaN), the fourth at 3.2: in flight at each send 0, 1 (the first), 1 (the first; the second
+    ended at 1.5), 1 (the third; the first ended at 2.5)."""
+    send = np.array([0.0, 1.0, 2.0, 3.0])
+    finish = np.array([2.5, 1.5, np.nan, 3.2])
+    m = Measurement(send, send + 0.1, finish, np.ones(4), np.ones(4), np.ones(4, bool))
+    assert in_flight_at_send(m).tolist() == [0, 1, 1, 1]
+
+
+class TrendSession:
+    """Requests 0.1 s apart. `slowing`: each one alone on the engine (finished 50 ms after its
+    first token, long before the next is sent), its TTFT rising from 10 to 40 ms across the
+    window, as a server whose cache grows with every request does. Otherwise a queue growing:
+    each request waits behind the previous ones, TTFT 10 ms plus 0.2 ms per request before it
+    (per 1,000 in the window), so no request after the first finds the engine idle."""
+
+    def __init__(self, slowing: bool):
+        self.slowing, self.calls, self.extra = slowing, [], {}
+
+    def measure(self, workload, sla=None, stop_early=False) -> Measurement:
+        n = workload.num_requests
+        self.calls.append(n)
+        send = np.arange(n) * 0.1
+        if self.slowing:
+            ttft = np.linspace(0.010, 0.040, n)
+            finish = send + ttft + 0.05
+        else:
+            ttft = 0.010 + 0.0002 * np.arange(n) * (1000 / n)  # the same rise in every window
+            finish = send + ttft + 0.2  # still running when the next one is sent
+        m = Measurement(
+            send, send + ttft, finish, np.full(n, 100), np.full(n, 10), np.ones(n, bool)
+        )
+        m.warmup = warmup_requests(n)
+        return m
+
+
+def test_a_slowing_engine_is_told_from_a_growing_queue():
+    """Both windows meet a 500 ms bound with their TTFT rising; a growing queue is extended
+    (a queue still growing breaks any bound in the end), a slowing engine is not (a longer load
+    would only slow it further): it is judged as measured and its step says why."""
+    scenario = window_scenario()
+    queue = TrendSession(slowing=False)
+    step = _step(queue, scenario, scenario.nominal_rate, stop_early=False)
+    assert queue.calls[:2] == [1000, 2000] and "still rising" in (step.unsettled or "")
+    assert step.metrics["idle_ttft_trend"] is None  # no request found the engine idle
+
+    engine = TrendSession(slowing=True)
+    step = _step(engine, scenario, scenario.nominal_rate, stop_early=False)
+    assert engine.calls == [1000] and step.meets_sla and step.unsettled is None
+    assert step.metrics["ttft_trend"] > 0.7 and step.metrics["idle_ttft_trend"] > 0.7
+    # Requests 100-999 after the warm-up, TTFT 10 + 30 i/999 ms: the first quarter's median is
+    # request 212's (16.37 ms), the last quarter's request 887's (36.64 ms).
+    assert step.metrics["idle_ttft_rise"] == pytest.approx(36.64 / 16.37, rel=0.01)
+    assert slowing(step.metrics) and step.record()["idle_ttft_rise"] > 1.25

@@ -16,6 +16,7 @@ from tuner.cli_options import tune_options, worker_options
 from tuner.cli_run import finish, tune
 from tuner.console import err
 from tuner.nightly_command import nightly_cmd
+from tuner.one_chip import seed_co_located, wants_one_chip_first
 from tuner.prepare import prepare, report_outputs
 from tuner.sim_commands import calibrate_cmd, profile_hardware_cmd
 from tuner.study_commands import export_cmd, history, pareto, report_cmd, scenarios
@@ -54,7 +55,23 @@ def cli(
         return
     outputs = report_outputs(export_path, html_path, no_html)
     prepared = prepare(trials=trials, outputs=outputs, **options)
-    reports = tune(prepared, trials, timeout_s, polish_trials=polish_trials)
+    if wants_one_chip_first(prepared):
+        one_chip = prepare(
+            trials=trials,
+            outputs={},
+            **(options | {"chips": 1, "study_name": None, "baseline_path": None}),
+        )
+        err.print(
+            f"note: on --chips {options['chips']} a co-located config runs one chip's config on "
+            f"each chip: one chip's study first ({one_chip.study.study_name})",
+            markup=False,
+            soft_wrap=True,
+        )
+        tune(one_chip, trials, timeout_s, polish_trials=polish_trials)
+    seeded, queued = seed_co_located(prepared)
+    if seeded is not None:
+        err.print(f"note: {seeded}", markup=False, soft_wrap=True)
+    reports = tune(prepared, trials + queued, timeout_s, polish_trials=polish_trials)
     finish(prepared, reports, outputs, hold_factor, repeats)
 
 

@@ -75,7 +75,14 @@ def tune(
         trials = 1
     started = time.monotonic()
     run = StudyRun(
-        p.study, p.scenario, p.space, p.runner, p.storage, screen=p.screen, quality=p.quality
+        p.study,
+        p.scenario,
+        p.space,
+        p.runner,
+        p.storage,
+        screen=p.screen,
+        quality=p.quality,
+        new_sampler=p.new_sampler,
     )
     err.print(
         f"study [bold]{escape(p.study.study_name)}[/bold]: {len(p.study.trials)} earlier trials; "

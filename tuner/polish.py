@@ -46,7 +46,9 @@ from tuner.study import (
     best_trial,
     has_running_trials,
     optimize,
+    propose_within,
     trial_knobs,
+    unmeasured,
 )
 
 NUMERIC_LOG_STEP = 1.25  # a log-scaled knob's neighbours: times and divided by this
@@ -199,25 +201,8 @@ class Polisher:
     on_trial: Callable[[TrialReport], None] = lambda report: None
     deadline: float | None = None
 
-    def _measured(self) -> list[dict[str, Any]]:
-        """The configs the study's trials ran (or will run: queued ones), as they ran: two
-        params that run the same config (a co-located trial's unused role knobs, a prefill
-        batch clamped to the batch) are one."""
-        study, space = self.run.study, self.run.space
-        return [
-            trial_knobs(study, t) if "knobs" in t.user_attrs else space.config_of(t.params)
-            for t in study.get_trials(deepcopy=False)
-        ]
-
     def _new(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The candidates whose config no trial ran, each once."""
-        seen, out = self._measured(), []
-        for params in candidates:
-            config = self.run.space.config_of(params)
-            if config not in seen:
-                seen.append(config)
-                out.append(params)
-        return out
+        return unmeasured(self.run, candidates)
 
     def _left_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
@@ -270,19 +255,12 @@ class Polisher:
         return result
 
     def run_sampled(self, arm: dict[str, Any], n: int) -> int:
-        """`n` trials the study's own sampler proposes with the arm's knobs fixed (Optuna's
-        PartialFixedSampler): the arm searched where the study's trials point, not only one knob
-        from where the controlled trial landed. How many ran (none when time is up or another run
-        adds trials, as run_queued)."""
+        """`n` trials proposed within the arm (tuner.study.propose_within): the arm searched
+        where its own trials point, not only one knob from where the controlled trial landed.
+        How many ran (none when time is up or another run adds trials, as run_queued)."""
         if n <= 0 or not self._may_run():
             return 0
-        study = self.run.study
-        searched = study.sampler
-        study.sampler = optuna.samplers.PartialFixedSampler(arm, searched)
-        try:
-            return self._optimize(n)
-        finally:
-            study.sampler = searched
+        return self.run_queued(self._new(propose_within(self.run, arm, n)))
 
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report

@@ -21,7 +21,7 @@ from tuner.export import load_export
 from tuner.outputs import check_distinct, check_writable
 from tuner.quality import EXCLUDED, QualityBook
 from tuner.quality_plan import plan_quality, table_answered
-from tuner.samplers import describe, make_sampler
+from tuner.samplers import describe, make_sampler, tpe
 from tuner.screen import Screen, plan_screen
 from tuner.storage import open_storage, sqlite_file, study_name_missing
 from tuner.study import create_study, default_study_name
@@ -44,6 +44,7 @@ class Prepared:
     sampler: str = ""  # which sampler runs, for the console (describe)
     quality: QualityBook | None = None  # each trial's quality figure
     notes: tuple[str, ...] = ()  # for the console, beside the space's
+    new_sampler: Callable[[int], optuna.samplers.BaseSampler] = tpe  # StudyRun's
 
 
 def user_file(value: str | Path | None) -> Path | None:
@@ -231,6 +232,7 @@ def prepare(
         describe(sampler, simulated),
         book,
         tuple(quality.notes),
+        lambda offset: make_sampler(sampler, seed + offset, space, trials, simulated),
     )
 
 

@@ -47,13 +47,17 @@ def describe(name: str, simulated: bool) -> str:
     return f"tpe (auto: no {gp_missing()}; {GP_HINT} for gp, which needs fewer real trials)"
 
 
+def tpe(seed: int | None = None) -> optuna.samplers.TPESampler:
+    # constant_liar keeps parallel workers from proposing the same config.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+
+
 def make_sampler(
     name: str, seed: int, space: SearchSpace, trials: int, simulated: bool = False
 ) -> optuna.samplers.BaseSampler:
     name = resolve(name, simulated)
     if name == "tpe":
-        # constant_liar keeps parallel workers from proposing the same config.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+        return tpe(seed)
     if name == "gp":
         missing = gp_missing()
         if missing is not None:

@@ -22,25 +22,27 @@ trial says so.
 
 Steady state: every step gets the same verdict whatever the scenario's `num_requests`. A step's
 load is a window of `num_requests` requests (below the nominal rate, in proportion to the rate,
-at least MIN_WINDOW) whose first tenth is warm-up, left out of the
-percentiles (runners.load.measurement). The window is settled when its verdict cannot be an accident
-of where the load stopped: no percentile SLO (TTFT p99, TPOT p99) within `settle_margin` of its
+at least MIN_WINDOW) whose first tenth is warm-up, left out of the percentiles
+(runners.load.measurement). The window is settled when its verdict cannot be an accident of
+where the load stopped: no percentile SLO (TTFT p99, TPOT p99) within `settle_margin` of its
 bound (30% at 1,000 requests after the warm-up, narrowing as one over the fourth root of their
 number: a short window's p99 misses or catches the bursts that set the long-run one; nine in ten
 of customer-service's 1,000-request windows near capacity read 0.65-1.3 times it; and near
 capacity the p99 keeps rising with the horizon, faster than independent samples' noise, one over
 the square root, shrinks: one customer-service export read 409-480 ms on 4,000 requests at its
-capacity, 478-586 on 16,000, against a 500 ms bound), and, when it
-meets the SLA, a TTFT no longer rising (the TTFT trend at most RISING_TREND: a queue still
-growing breaks any bound in the end). An unsettled window is run again with twice the requests,
-up to EXTENSION_CAP times `num_requests` (a real engine only while `max_trial_s` leaves twice
-the last window's time), and the step is judged on its last window, the longest and closest to
-steady state. A window still unsettled at the cap is a miss: meeting the SLA has to be shown (a
-fleet sized on a lucky window comes up short), except at the nominal rate, whose verdict is the
-trial's SLA constraint as its window measured it; one cut short by `max_trial_s` keeps its
-verdict and says so. Early rejection stays sound: before the last window a load stops only once
-its TTFT p99 is certainly beyond the margin (a miss no longer window would revisit), in the last
-one once it is certainly past the margin's lower edge.
+capacity, 478-586 on 16,000, against a 500 ms bound), and, when it meets the SLA, a TTFT no
+longer rising (the TTFT trend at most RISING_TREND: a queue still growing breaks any bound in
+the end), unless the engine itself is slowing down (the TTFT of requests that found it idle
+rising as well, `slowing`: a longer load would only slow it further; the window is judged as
+measured and the trial's `capacity_note` says so). An unsettled window is run again with twice
+the requests, up to EXTENSION_CAP times `num_requests` (a real engine only while `max_trial_s`
+leaves twice the last window's time), and the step is judged on its last window, the longest and
+closest to steady state. A window still unsettled at the cap is a miss: meeting the SLA has to
+be shown (a fleet sized on a lucky window comes up short), except at the nominal rate, whose
+verdict is the trial's SLA constraint as its window measured it; one cut short by `max_trial_s`
+keeps its verdict and says so. Early rejection stays sound: before the last window a load stops
+only once its TTFT p99 is certainly beyond the margin (a miss no longer window would revisit),
+in the last one once it is certainly past the margin's lower edge.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ SETTLE_MARGIN = 0.3  # relative to the bound, at SETTLE_MARGIN_AT requests after
 SETTLE_MARGIN_AT = 1000
 SETTLE_MARGIN_MAX = 0.5  # a tiny load's p99 is a guess either way: extend it, within reason
 RISING_TREND = 0.7  # 3-7% of steady customer-service windows exceed it, 93% of growing ones
+# An idle engine's TTFT still varies with the prompt's length: a slowdown is a rise beyond
+# that (llama-server's growing prompt cache made it 7x, issue 30).
+SLOWING_RISE = 1.25
 MAX_WINDOW_REQUESTS = 1_000_000  # Workload.num_requests' own limit
 # A closed loop's window sends at least this many requests per request in flight, so that its
 # warm-up (a tenth) holds the first burst, every seat's first request sent at once: 600
@@ -88,6 +93,8 @@ STEP_METRICS = (
     "requests_per_s",
     "ttft_samples",
     "ttft_trend",
+    "idle_ttft_trend",
+    "idle_ttft_rise",
     "offered_rps",
     "delivered_rps",
     "delivered_share",
@@ -144,6 +151,14 @@ def settle_margin(measured: int) -> float:
     return min(SETTLE_MARGIN_MAX, scaled)
 
 
+def slowing(metrics: dict[str, Any]) -> bool:
+    """The engine itself slowed down through the window: the TTFT of requests that found it
+    idle rose (runners.load.measurement's idle TTFT trend). A longer load would not settle
+    that, only slow the engine further; its window is judged as measured and says so."""
+    trend, rise = metrics.get("idle_ttft_trend"), metrics.get("idle_ttft_rise")
+    return trend is not None and trend > RISING_TREND and rise is not None and rise > SLOWING_RISE
+
+
 def unsettled(metrics: dict[str, Any], sla: SLA, meets_sla: bool, margin: float) -> str | None:
     """Why a whole window's verdict could be the accident of its horizon; None when settled."""
     constraints = constraint_values(metrics, sla)
@@ -151,7 +166,7 @@ def unsettled(metrics: dict[str, Any], sla: SLA, meets_sla: bool, margin: float)
     if meets_sla:
         close = [name for name in percentiles if constraints[name] >= -margin]
         trend = metrics.get("ttft_trend")
-        if not close and trend is not None and trend > RISING_TREND:
+        if not close and trend is not None and trend > RISING_TREND and not slowing(metrics):
             return f"TTFT still rising (trend {trend:.2f})"
     else:
         # A miss can flip only if every SLO it misses is a percentile within the margin, or the
@@ -410,6 +425,13 @@ def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
     }
     if highest_met is None:
         metrics["capacity_note"] = f"misses the SLA even at the lowest rate searched ({floor:g})"
+    slowed = [step.rate for step in search.steps if slowing(step.metrics)]
+    if slowed:
+        note = (
+            f"the engine slowed down during the loads at {', '.join(f'{r:g}' for r in slowed)}: "
+            "the TTFT of requests that found it idle rose as each load went on"
+        )
+        metrics["capacity_note"] = "; ".join(filter(None, [metrics.get("capacity_note"), note]))
     engine_fault = search.engine_fault
     # An engine fault is a step whose measurement failed other than by missing the SLA.
     if engine_fault is not None and engine_fault.measurement.fault is not None:

@@ -29,6 +29,12 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   the measured successful requests and their median TTFT (0 when the medians lie within 1% of
   each other); near 1 when the queue is still growing when the load ends (runners.load.capacity
   decides what that means for a verdict).
+- idle TTFT trend: the same over the measured successful requests that were sent when no
+  request was in flight (sent and not yet finished): their TTFT is the engine's own time to a
+  first token, with no queue in it, so near 1 means the engine itself is slowing down (a cache
+  or a log growing with every request), not its queue growing; None when fewer than eighty
+  requests found the engine idle (a loaded engine rarely is). `idle_ttft_rise`: their median
+  TTFT over the last quarter of them against the first quarter's.
 - per chip: throughputs, goodput and the offered rate are divided by the chips that served
   the requests (`Measurement.chips`: a co-located replica's measurement is one chip's; a
   disaggregated deployment's is one decode instance's requests, on its share of the prefill
@@ -165,6 +171,14 @@ def ttft_trend(ttft: np.ndarray) -> float | None:
     return float(np.corrcoef(ranks, np.arange(TREND_SLICES))[0, 1])
 
 
+def in_flight_at_send(m: Measurement) -> np.ndarray:
+    """Per request, how many requests sent before it were still unfinished when it was sent (a
+    failed request counts as finished when it failed; one with no end, never)."""
+    sent_before = np.searchsorted(np.sort(m.send_s), m.send_s, side="left")
+    finished = np.sort(np.nan_to_num(m.finish_s, nan=np.inf))
+    return np.maximum(sent_before - np.searchsorted(finished, m.send_s, side="right"), 0)
+
+
 def delivered(m: Measurement) -> tuple[float, float] | None:
     """(offered, delivered) requests/s over the second half of the measured window, per chip;
     None when that half is too short to tell (the module's definition)."""
@@ -229,4 +243,12 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
         metrics |= _percentiles("itl", m.itl_s, (50, 99))
     metrics["p99_low_samples"] = int(ttft.size) < P99_MIN_SAMPLES
     metrics["ttft_trend"] = ttft_trend(ttft)
+    idle_ttft = ttft_all[measured & (in_flight_at_send(m) == 0)]
+    metrics["idle_ttft_trend"] = ttft_trend(idle_ttft)
+    quarter = idle_ttft.size // 4
+    metrics["idle_ttft_rise"] = (
+        float(np.median(idle_ttft[-quarter:]) / np.median(idle_ttft[:quarter]))
+        if metrics["idle_ttft_trend"] is not None and np.median(idle_ttft[:quarter]) > 0
+        else None
+    )
     return metrics
