@@ -162,3 +162,18 @@ def test_on_the_simulator_one_chip_is_searched_first(tmp_path: Path, scenario_fi
     assert "co-located starts from study" in result.stderr
     names = optuna.get_all_study_names(f"sqlite:///{tmp_path / 'studies.db'}")
     assert len(names) == 2 and sum(name.endswith(".2chips") for name in names) == 1
+
+
+def test_the_largest_seed_still_proposes(tmp_path: Path, scenario_file):
+    """Side samplers are seeded by the run's seed plus the study's size: at --seed 2**32 - 1
+    the sum must wrap, not break numpy's seed range."""
+    result = run_autotune(
+        "--scenario", str(scenario_file), "--trials", "3", "--polish", "0", "--no-html",
+        "--chips", "2", "--seed", str(2**32 - 1), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode in (0, 3), result.stderr
+    assert "Traceback" not in result.stderr
+    names = optuna.get_all_study_names(f"sqlite:///{tmp_path / 'studies.db'}")
+    chips = next(n for n in names if n.endswith(".2chips"))
+    study = optuna.load_study(study_name=chips, storage=f"sqlite:///{tmp_path / 'studies.db'}")
+    assert len(study.trials) >= 3

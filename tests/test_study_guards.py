@@ -16,8 +16,9 @@ from objectives.userfile import InputError
 from runners.sim.runner import SimRunner
 from search_spaces.space import SearchSpace
 from tests.conftest import small_scenario
+from tuner.heartbeat import beating
 from tuner.storage import open_storage
-from tuner.study import StudyRun, beating, create_study, optimize
+from tuner.study import StudyRun, create_study, optimize
 
 
 class InterruptedSampler(optuna.samplers.RandomSampler):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 import warnings
 
 import click
@@ -55,6 +56,7 @@ def cli(
         return
     outputs = report_outputs(export_path, html_path, no_html)
     prepared = prepare(trials=trials, outputs=outputs, **options)
+    started = time.monotonic()
     if wants_one_chip_first(prepared):
         one_chip = prepare(
             trials=trials,
@@ -71,6 +73,8 @@ def cli(
     seeded, queued = seed_co_located(prepared)
     if seeded is not None:
         err.print(f"note: {seeded}", markup=False, soft_wrap=True)
+    if timeout_s is not None:  # one --timeout for both studies
+        timeout_s = max(0.0, timeout_s - (time.monotonic() - started))
     reports = tune(prepared, trials + queued, timeout_s, polish_trials=polish_trials)
     finish(prepared, reports, outputs, hold_factor, repeats)
 

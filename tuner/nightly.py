@@ -29,8 +29,8 @@ from objectives.userfile import InputError
 from runners.base import Runner
 from runners.engines.process import pid_alive
 from runners.load.capacity import evaluate
+from tuner.heartbeat import beating
 from tuner.storage import WORKER, NightlyLock, NightlyRun, has_table, rows_matched
-from tuner.study import beating
 
 EXIT_UNCHANGED, EXIT_PROMOTED, EXIT_FAILED = 0, 10, 20
 MIN_GAIN = 0.02  # the smallest default margin: below it a win is a rounding of the figures

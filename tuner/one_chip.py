@@ -4,13 +4,15 @@ On `--chips N` a co-located config runs one chip's config N times, so the study 
 scenario, runner, engine, model and hardware on one chip, in the same storage, has searched
 the co-located side already, with every trial of its own. A chip-budget study splits its
 trials between the deployments, half for each: on customer-service at 8 chips its co-located
-half read 2,145-3,556 tok/s per chip by seed, where one chip's study reaches 3,588-3,718
-(bench/README), so the comparison it printed leaned on the seed. A new chip-budget study
-therefore measures the one-chip study's best configs first, as co-located trials.
+half read 2,145-3,556 tok/s per chip over three seeds, where co-located replicas of one chip's
+export reach 3,718-3,921 (bench/README), so the comparison it printed leaned on the seed. A
+new chip-budget study therefore measures the one-chip study's best configs first, as
+co-located trials, and on the simulator runs that study first where the storage has none.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import optuna
@@ -24,32 +26,67 @@ from optuna.trial import TrialState
 
 from objectives.scoring import is_feasible, pick_best
 from tuner.prepare import Prepared
-from tuner.study import trial_knobs
+from tuner.study import default_study_name, trial_knobs
 
-SEEDS = 3  # the one-chip study's feasible configs measured first, best first
+STARTS = 3  # the one-chip study's feasible configs measured first, best first
 
 
-def _one_chip_study(p: Prepared) -> optuna.Study | None:
-    """The study of this one's scenario and identity, less the chip budget, if any."""
+def _applies(p: Prepared) -> bool:
+    """A chip-budget study that searches both deployments, new (nothing measured or running:
+    a queued --baseline may wait), and not a grid's (it measures its own points)."""
+    spec = p.space.ranges.get("deployment")
+    return (
+        spec is not None
+        and spec.choices is not None
+        and "co-located" in spec.choices
+        and not isinstance(p.study.sampler, optuna.samplers.GridSampler)
+        and all(t.state == TrialState.WAITING for t in p.study.get_trials(deepcopy=False))
+    )
+
+
+def _one_chip_identity(p: Prepared) -> dict[str, str]:
     identity = p.study.user_attrs.get("identity") or {}
-    wanted = {k: v for k, v in identity.items() if k != "chips"}
-    scenario = p.study.user_attrs.get("scenario")
-    for summary in optuna.get_all_study_summaries(p.storage, include_best_trial=False):
-        attrs = summary.user_attrs
-        if attrs.get("identity") == wanted and attrs.get("scenario") == scenario:
-            return optuna.load_study(study_name=summary.study_name, storage=p.storage)
-    return None
+    return {k: v for k, v in identity.items() if k != "chips"}
 
 
-def _best_configs(study: optuna.Study, p: Prepared) -> list[tuple[int, dict[str, Any]]]:
-    """Up to SEEDS feasible trials' knobs, the pick rule's order (ties as the rule breaks them)."""
-    left = [
+def _feasible(study: optuna.Study) -> list:
+    return [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if is_feasible(t.constraints)
     ]
+
+
+def _one_chip_study(p: Prepared) -> optuna.Study | None:
+    """The study of this one's scenario and identity less the chip budget with the most
+    feasible trials, if any."""
+    wanted, scenario = _one_chip_identity(p), p.study.user_attrs.get("scenario")
+    found = [
+        optuna.load_study(study_name=summary.study_name, storage=p.storage)
+        for summary in optuna.get_all_study_summaries(p.storage, include_best_trial=False)
+        if summary.user_attrs.get("identity") == wanted
+        and summary.user_attrs.get("scenario") == scenario
+    ]
+    return max(found, key=lambda study: len(_feasible(study)), default=None)
+
+
+def wants_one_chip_first(p: Prepared) -> bool:
+    """A new simulated chip-budget study with no one-chip study to start its co-located trials
+    from, and none under the one-chip study's default name (one of another scenario would
+    refuse the run): one chip's study costs about a minute there, and settles the co-located
+    side of the comparison the run prints. A real engine's costs hours: the run says how to
+    give it one instead (seed_co_located)."""
+    if p.runner.name != "sim" or not _applies(p) or _one_chip_study(p) is not None:
+        return False
+    name = default_study_name(p.scenario, _one_chip_identity(p))
+    return name not in optuna.get_all_study_names(p.storage)
+
+
+def _best_configs(study: optuna.Study, p: Prepared) -> list[tuple[int, dict[str, Any]]]:
+    """Up to STARTS feasible trials' knobs, in the pick rule's order (ties as it breaks them)."""
+    left = _feasible(study)
     chosen: list[tuple[int, dict[str, Any]]] = []
-    while left and len(chosen) < SEEDS:
+    while left and len(chosen) < STARTS:
         key = pick_best(
             [(t.number, t.values[0], t.values[1]) for t in left],
             p.scenario.pick,
@@ -65,65 +102,59 @@ def _inside(dist: BaseDistribution, value: Any) -> bool:
     if isinstance(dist, CategoricalDistribution):
         return value in dist.choices
     assert isinstance(dist, (IntDistribution, FloatDistribution))
-    return dist.low <= value <= dist.high
+    if not dist.low <= value <= dist.high:
+        return False
+    steps = None if dist.step is None else (value - dist.low) / dist.step
+    return steps is None or math.isclose(steps, round(steps), abs_tol=1e-9)
 
 
-def wants_one_chip_first(p: Prepared) -> bool:
-    """A new simulated study on a chip budget that searches both deployments, with no one-chip
-    study to start its co-located trials from: one chip's study costs about a minute there,
-    and settles the co-located side of the comparison the run prints. A real engine's costs
-    hours: the run says how to give it one instead (seed_co_located)."""
-    spec = p.space.ranges.get("deployment")
-    return (
-        p.runner.name == "sim"
-        and not isinstance(p.study.sampler, optuna.samplers.GridSampler)
-        and spec is not None
-        and spec.choices is not None
-        and "co-located" in spec.choices
-        and not p.study.trials
-        and _one_chip_study(p) is None
-    )
+def _as_co_located(p: Prepared, knobs: dict[str, Any]) -> dict[str, Any] | None:
+    """The one-chip config as this run's co-located params; None where this run could not run
+    it (a knob it fixes at another value, or a value outside its range)."""
+    fixed, dists = p.space.fixed(), p.space.distributions()
+    params: dict[str, Any] = {"deployment": "co-located"}
+    for knob, value in knobs.items():
+        if knob in fixed and knob != "deployment" and fixed[knob] != value:
+            return None
+        dist = dists.get(knob)
+        if dist is not None and knob != "deployment":
+            if not _inside(dist, value):
+                return None
+            params[knob] = value
+    return params
 
 
 def seed_co_located(p: Prepared) -> tuple[str | None, int]:
     """Queue the one-chip study's best configs as co-located trials of a new chip-budget study
-    that searches both deployments (not a grid's: it measures its own points); a line for the
-    console (None where nothing applies) and how many were queued, which the run measures on
-    top of its --trials, as a night's warm start."""
-    spec = p.space.ranges.get("deployment")
-    if (
-        spec is None
-        or spec.choices is None
-        or "co-located" not in spec.choices
-        or p.study.trials
-        or isinstance(p.study.sampler, optuna.samplers.GridSampler)
-    ):
+    that searches both deployments; a line for the console (None where nothing applies) and
+    how many were queued, which the run measures on top of its --trials, as a night's warm
+    start."""
+    if not _applies(p):
         return None, 0
-    source = _one_chip_study(p)
-    name = p.study.study_name
+    source, name = _one_chip_study(p), p.study.study_name
     if source is None:
         return (
             f"no one-chip study of this scenario in the storage: study {name} searches "
             "co-located configs from scratch on half its trials (a run without --chips first "
             "gives them one chip's whole search)"
         ), 0
-    dists = p.space.distributions()
-    queued = []
-    for number, knobs in _best_configs(source, p):
-        params = {"deployment": "co-located"}
-        for knob, value in knobs.items():
-            dist = dists.get(knob)
-            if dist is not None and knob != "deployment":
-                if not _inside(dist, value):
-                    break  # outside this run's space: not a config it searches
-                params[knob] = value
-        else:
-            p.study.enqueue_trial(
-                params, user_attrs={"seeded_from": f"{source.study_name}#{number}"}
-            )
-            queued.append(f"#{number}")
+    best = _best_configs(source, p)
+    if not best:
+        return f"study {source.study_name} (one chip) has no config that met the SLA", 0
+    queued: list[str] = []
+    seen: list[dict[str, Any]] = []
+    for number, knobs in best:
+        params = _as_co_located(p, knobs)
+        if params is None or params in seen:
+            continue
+        seen.append(params)
+        p.study.enqueue_trial(params, user_attrs={"seeded_from": f"{source.study_name}#{number}"})
+        queued.append(f"#{number}")
     if not queued:
-        return f"study {source.study_name} (one chip) has no config inside this run's space", 0
+        return (
+            f"study {source.study_name} (one chip): its best configs lie outside this run's "
+            "space (a knob fixed at another value, or out of range)"
+        ), 0
     return (
         f"co-located starts from study {source.study_name} (one chip): its trials "
         f"{', '.join(queued)}, measured first"

@@ -264,9 +264,10 @@ class Polisher:
 
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report
-        compare stands on both sides: first the best config so far with only the arm changed (a
-        controlled comparison), then half the rest proposed by the study's sampler within the
-        arm, then the arm's own pick polished. At most `per_arm` trials an arm; how many ran."""
+        compare stands on both sides: first the best config so far with only the arm
+        changed (a controlled comparison), then half the rest proposed within the arm by
+        a new sampler shown only the arm's trials (propose_within), then the arm's own
+        pick polished. At most `per_arm` trials an arm; how many ran."""
         ran = 0
         for arm in compared:
             best = best_trial(self.run.study, self.run.scenario)

@@ -232,7 +232,7 @@ def prepare(
         describe(sampler, simulated),
         book,
         tuple(quality.notes),
-        lambda offset: make_sampler(sampler, seed + offset, space, trials, simulated),
+        lambda offset: make_sampler(sampler, (seed + offset) % 2**32, space, trials, simulated),
     )
 
 

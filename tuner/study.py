@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +22,11 @@ from objectives.scoring import (
     pick_best,
     quality_constraint_values,
 )
-from objectives.userfile import first_line
 from runners.base import Runner
 from runners.load.capacity import evaluate
 from runners.load.measurement import Fault
 from search_spaces.space import SearchSpace
-from tuner.console import err
+from tuner.heartbeat import heartbeat, heartbeat_interval
 from tuner.interrupts import interrupts_deferred
 from tuner.quality import QualityBook, trial_figures
 from tuner.quality_plan import default_book, default_scenario
@@ -110,61 +107,6 @@ def create_study(
     study.set_user_attr("identity", identity)
     ensure_budget(storage, name, len(study.trials))
     return study
-
-
-@contextmanager
-def beating(beat: Callable[[], None], every_s: float, name: str):
-    """Call `beat` every `every_s` seconds from a thread (named `name`, which the log says)
-    while the block runs. A beat that fails (the database away for a while, a lock lost) is
-    said on stderr, one line when it starts failing and one when it beats again, and retried
-    at the next beat: a thread that died silently would let the trial or lock go stale."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        failing = False
-        while not stop.wait(every_s):
-            try:
-                beat()
-            except Exception as error:
-                if not failing:
-                    err.print(
-                        f"autotune: warning: {name} failed ({first_line(error)}); "
-                        f"retrying every {every_s:g} s",
-                        markup=False,
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                failing = True
-            else:
-                if failing:
-                    err.print(f"autotune: {name} beats again", markup=False, highlight=False)
-                failing = False
-
-    thread = threading.Thread(target=loop, daemon=True, name=name)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def heartbeat_interval(storage: optuna.storages.RDBStorage) -> int:
-    """Seconds between a running trial's heartbeats (--heartbeat)."""
-    interval = storage.get_heartbeat_interval()
-    assert interval is not None, "open_storage gives every storage a heartbeat interval"
-    return interval
-
-
-def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):
-    """Keep the trial's heartbeat while it runs: if this process dies, the next one to open
-    the study sees the heartbeat stop and fails the trial (Optuna's stale-trial check)."""
-    storage.record_heartbeat(trial._trial_id)
-    return beating(
-        lambda: storage.record_heartbeat(trial._trial_id),
-        heartbeat_interval(storage),
-        f"the heartbeat of trial {trial.number}",
-    )
 
 
 def _tell(
@@ -322,13 +264,13 @@ def propose_within(run: StudyRun, fixed: dict[str, Any], n: int) -> list[dict[st
 
 
 def balance_deployments(run: StudyRun) -> None:
-    """When a study searches both deployments on a chip budget, each trial runs the one fewer
-    trials of the study ran so far (co-located first), its other knobs proposed from that
-    deployment's trials alone (propose_within): left to the sampler, a deployment that led
-    early took nearly every trial (6 of 80 trials disaggregated, whose own study then found a
-    better config); given the deployment but shown every trial, the sampler searched the other
-    one where the leader's knobs were good (8 chips, customer-service: co-located 2,439 tok/s
-    per chip against 3,762 searched on its own). Queued trials (a baseline, a screen's pick, a
+    """When a study searches both deployments on a chip budget, each trial runs the one fewer trials
+    of the study ran so far (co-located first), its other knobs proposed from that deployment's
+    trials alone (propose_within): left to the sampler, a deployment that led early took nearly
+    every trial (6 of 80 trials disaggregated, whose own study then found a better config);
+    given the deployment but shown every trial, the sampler searched the other one where the
+    leader's knobs were good (8 chips, customer-service, seed 0: co-located 2,439 tok/s per
+    chip, 3,556 proposed from its own trials). Queued trials (a baseline, a screen's pick, a
     night's warm start) keep their own; a grid covers both already."""
     study, space = run.study, run.space
     spec = space.ranges.get("deployment")

@@ -172,11 +172,12 @@ def ttft_trend(ttft: np.ndarray) -> float | None:
 
 
 def in_flight_at_send(m: Measurement) -> np.ndarray:
-    """Per request, how many requests sent before it were still unfinished when it was sent (a
-    failed request counts as finished when it failed; one with no end, never)."""
-    sent_before = np.searchsorted(np.sort(m.send_s), m.send_s, side="left")
-    finished = np.sort(np.nan_to_num(m.finish_s, nan=np.inf))
-    return np.maximum(sent_before - np.searchsorted(finished, m.send_s, side="right"), 0)
+    """Per request, how many successful requests sent before it were still unfinished when it
+    was sent (a failed request's end is not recorded: it counts for none)."""
+    ok = m.ok.astype(bool)
+    sent_before = np.searchsorted(np.sort(m.send_s[ok]), m.send_s, side="left")
+    finished_by = np.searchsorted(np.sort(m.finish_s[ok]), m.send_s, side="right")
+    return np.maximum(sent_before - finished_by, 0)
 
 
 def delivered(m: Measurement) -> tuple[float, float] | None:
