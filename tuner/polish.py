@@ -201,9 +201,6 @@ class Polisher:
     on_trial: Callable[[TrialReport], None] = lambda report: None
     deadline: float | None = None
 
-    def _new(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return unmeasured(self.run, candidates)
-
     def _left_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
@@ -240,7 +237,7 @@ class Polisher:
             if pick is None:
                 result.idle = "no SLA-feasible pick to start from"
                 break
-            todo = self._new(neighbours(run.space, pick.params, tuple(arm)))
+            todo = unmeasured(run, neighbours(run.space, pick.params, tuple(arm)))
             ran = self.run_queued(todo[: budget - result.trials])
             result.trials += ran
             if ran == 0:
@@ -260,7 +257,7 @@ class Polisher:
         How many ran (none when time is up or another run adds trials, as run_queued)."""
         if n <= 0 or not self._may_run():
             return 0
-        return self.run_queued(self._new(propose_within(self.run, arm, n)))
+        return self.run_queued(unmeasured(self.run, propose_within(self.run, arm, n)))
 
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report
@@ -274,7 +271,7 @@ class Polisher:
             if best is None:  # nothing met the SLA: no statement compares arms
                 break
             controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
-            done = self.run_queued(self._new([controlled]))
+            done = self.run_queued(unmeasured(self.run, [controlled]))
             ran, budget = ran + done, per_arm - done
             done = self.run_sampled(arm, budget // 2)
             ran, budget = ran + done, budget - done
