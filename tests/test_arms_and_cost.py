@@ -94,9 +94,11 @@ def test_a_chip_budget_study_starts_co_located_from_the_one_chip_study(
 ):
     """A one-chip study of the scenario first; the 4-chip study of the same scenario in the
     same storage then measures the one-chip study's best configs first, as co-located trials
-    (on N chips a co-located config runs one chip's config N times), and its later trials are
-    split between the deployments without one config measured twice (each proposal's side
-    sampler is seeded afresh: seeded alike, the first twenty trials ran two configs)."""
+    (on N chips a co-located config runs one chip's config N times). The one-chip study's
+    trials count as co-located ones, so the trials after the seeds are disaggregated until that
+    side has as many as the co-located side (seeds plus the one-chip study's trials), and no
+    config is measured twice (each proposal's side sampler is seeded afresh: seeded alike, the
+    first twenty trials ran two configs)."""
     db = f"sqlite:///{tmp_path / 'studies.db'}"
     common = ("--scenario", str(scenario_file), "--polish", "0", "--no-html", "--storage", db)
     one = run_autotune(*common, "--trials", "8", cwd=tmp_path)
@@ -121,8 +123,13 @@ def test_a_chip_budget_study_starts_co_located_from_the_one_chip_study(
         assert first.user_attrs["knobs"][knob] == value
     runs = [yaml.safe_dump(t.user_attrs["knobs"]) for t in study.trials[:16]]
     assert len(set(runs)) == len(runs)
-    deployments = [t.user_attrs["knobs"]["deployment"] for t in study.trials[:16]]
-    assert abs(deployments.count("co-located") - deployments.count("disaggregated")) <= 3
+    searched_on_one_chip = len(one_chip.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+    assert f"its {searched_on_one_chip} trials count as co-located ones" in four.stderr
+    seeds = sum(1 for t in study.trials if "seeded_from" in t.user_attrs)
+    catch_up = seeds + searched_on_one_chip  # the co-located side's count before this study ran
+    deployments = [t.user_attrs["knobs"]["deployment"] for t in study.trials]
+    assert deployments[:seeds] == ["co-located"] * seeds
+    assert deployments[seeds : seeds + catch_up] == ["disaggregated"] * catch_up
 
 
 def test_without_a_one_chip_study_the_run_says_how_to_seed_one(tmp_path: Path, scenario_file):

@@ -369,7 +369,7 @@ def test_a_real_llama_server_study_measures_each_pair_once(
         line.split(":")[1].strip()
         for line in first.stderr.splitlines()
         if line.startswith("quality: measured")
-    ) == ["measured bf16@1", "measured w4a16@1"]
+    ) == ["measured bf16@1", "measured w4a16@1"], first.stderr + first.stdout
     assert "quality: 2 precision and KV pairs measured this run" in first.stdout
     again = run_autotune(*args, "--trials", "2", cwd=tmp_path, timeout=900)
     assert again.returncode == 0, again.stderr

@@ -8,6 +8,8 @@ half read 2,145-3,556 tok/s per chip over three seeds, where co-located replicas
 export reach 3,718-3,921 (bench/README), so the comparison it printed leaned on the seed. A
 new chip-budget study therefore measures the one-chip study's best configs first, as
 co-located trials, and on the simulator runs that study first where the storage has none.
+The one-chip study's trials then count as co-located ones (tuner.study.balance_deployments),
+so the chip-budget study's own trials go to the disaggregated side until it has as many.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from optuna.trial import TrialState
 
 from objectives.scoring import is_feasible, pick_best
 from tuner.prepare import Prepared
-from tuner.study import default_study_name, trial_knobs
+from tuner.study import ONE_CHIP_TRIALS, default_study_name, trial_knobs
 
 STARTS = 3  # the one-chip study's feasible configs measured first, best first
 
@@ -155,7 +157,10 @@ def seed_co_located(p: Prepared) -> tuple[str | None, int]:
             f"study {source.study_name} (one chip): its best configs lie outside this run's "
             "space (a knob fixed at another value, or out of range)"
         ), 0
+    searched = len(source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    p.study.set_user_attr(ONE_CHIP_TRIALS, searched)
     return (
         f"co-located starts from study {source.study_name} (one chip): its trials "
-        f"{', '.join(queued)}, measured first"
+        f"{', '.join(queued)}, measured first; its {searched} trials count as co-located "
+        "ones, so this study's own trials search disaggregated configs first"
     ), len(queued)

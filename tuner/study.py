@@ -217,6 +217,9 @@ def _end_interrupted(
 
 # A deployment's next trial: the first of this many proposals that no trial ran.
 BALANCE_PROPOSALS = 4
+# A chip-budget study's attribute: the trials of the one-chip study its co-located trials
+# started from (tuner.one_chip), counted as co-located trials by balance_deployments.
+ONE_CHIP_TRIALS = "one_chip_trials"
 
 
 def unmeasured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -270,7 +273,9 @@ def balance_deployments(run: StudyRun) -> None:
     every trial (6 of 80 trials disaggregated, whose own study then found a better config);
     given the deployment but shown every trial, the sampler searched the other one where the
     leader's knobs were good (8 chips, customer-service, seed 0: co-located 2,439 tok/s per
-    chip, 3,556 proposed from its own trials). Queued trials (a baseline, a screen's pick, a
+    chip, 3,556 proposed from its own trials). The one-chip study that co-located started
+    from (ONE_CHIP_TRIALS) counts as co-located trials: with half the study, disaggregated
+    read 3,037-3,856 tok/s per chip over three seeds. Queued trials (a baseline, a screen's pick, a
     night's warm start) keep their own; a grid covers both already."""
     study, space = run.study, run.space
     spec = space.ranges.get("deployment")
@@ -282,6 +287,8 @@ def balance_deployments(run: StudyRun) -> None:
     if any(t.state == TrialState.WAITING for t in trials):
         return
     counts = {choice: 0 for choice in spec.choices}
+    if "co-located" in counts:
+        counts["co-located"] += study.user_attrs.get(ONE_CHIP_TRIALS, 0)
     for t in trials:
         if t.params.get("deployment") in counts:
             counts[t.params["deployment"]] += 1
