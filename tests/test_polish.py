@@ -40,6 +40,14 @@ def test_a_linear_knob_steps_by_the_grids_step():
     assert _steps(FloatDistribution(0.5, 1.0, step=0.5), 0.5) == [1.0]
 
 
+def test_a_count_of_chips_steps_by_one():
+    """prefill_instances on 8 chips runs 1..7: a sixth of the range is 1.2 chips, and the
+    neighbours of 4 prefill instances are 3 and 5, not 2 and 6 (the short-prompt case's best
+    split, 3P5D, lay between the 4P4D pick's neighbours)."""
+    assert _steps(IntDistribution(1, 7), 4) == [3, 5]
+    assert _steps(IntDistribution(1, 3), 2) == [1, 3]
+
+
 def test_neighbours_change_one_knob_each_and_leave_a_co_located_picks_role_knobs():
     space = with_deployment(SearchSpace.load("vllm"), 4, 0.9, "h100", True)
     searched_roles = set(ROLE_KNOBS) & set(space.distributions())

@@ -5,9 +5,10 @@ may meet every SLO and do better under the pick rule (content-generation exporte
 the same knobs at bf16 were better on throughput and quality alike). Before exporting, the
 pick's one-knob neighbourhood is measured: each categorical knob's other values, each numeric
 knob one step either way (a log-scaled knob by NUMERIC_LOG_STEP, a linear one by a sixth of its
-range or its own step, whichever is larger). A neighbour that the pick rule prefers
-(tuner.study.best_trial) by more than MIN_GAIN becomes the pick and its neighbourhood is
-measured in turn, until none beats the pick or the budget of trials is spent.
+range rounded to its own step, one step at least: 8 chips' prefill_instances moves by 1).
+A neighbour that the pick rule prefers (tuner.study.best_trial) by more than MIN_GAIN becomes
+the pick and its neighbourhood is measured in turn, until none beats the pick or the budget of
+trials is spent.
 
 Comparisons get the same treatment (refine_arms): each arm the console and report compare (a
 precision and KV pair of the quality ladder, a deployment on a chip budget) is measured with
@@ -20,7 +21,6 @@ the report and later runs see them, and a neighbour measured before is not measu
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -89,8 +89,8 @@ def _steps(dist: BaseDistribution, value: Any) -> list[Any]:
         candidates = [value / NUMERIC_LOG_STEP, value * NUMERIC_LOG_STEP]
     else:
         step = max(dist.step or 0, (dist.high - dist.low) / (GRID_POINTS - 1))
-        if dist.step:
-            step = math.ceil(step / dist.step) * dist.step
+        if dist.step:  # on the knob's own grid, and at least one of its steps
+            step = max(1, round(step / dist.step)) * dist.step
         candidates = [value - step, value + step]
     out = []
     for candidate, direction in zip(candidates, (-1, 1), strict=True):
