@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--chips", type=int, default=8)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
+    if args.chips < 2:
+        parser.error("--chips must be at least 2: one chip has no deployments to compare")
     grid = grid_reference(args.case, args.chips)
     if grid:
         margin = grid["disaggregated"] / max(grid["co-located"], 1e-9) - 1
@@ -119,8 +121,8 @@ def main() -> None:
     )
     for seed, verdict, found, counts, wall in rows:
         sides = ", ".join(
-            f"{arm} {found.get(arm, 0):.0f} ({found.get(arm, 0) / reference[arm]:.0%} of the best, "
-            f"{counts.get(arm, 0)} trials)"
+            f"{arm} {found.get(arm, 0):.0f} ({found.get(arm, 0) / max(reference[arm], 1e-9):.0%} "
+            f"of the best, {counts.get(arm, 0)} trials in all)"
             for arm in reference
         )
         printed = found.get("disaggregated", 0) / max(found.get("co-located", 0), 1e-9) - 1

@@ -13,6 +13,7 @@ from tests.conftest import run_autotune
 from tuner.one_chip import seed_co_located
 from tuner.polish import MIN_ARM_TRIALS
 from tuner.prepare import prepare
+from tuner.study import ONE_CHIP_TRIALS, StudyRun, optimize
 
 
 def _study(tmp_path: Path) -> optuna.Study:
@@ -126,16 +127,36 @@ def test_a_chip_budget_study_starts_co_located_from_the_one_chip_study(
     searched_on_one_chip = len(one_chip.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
     assert f"its {searched_on_one_chip} trials count as co-located ones" in four.stderr
     seeds = sum(1 for t in study.trials if "seeded_from" in t.user_attrs)
-    catch_up = seeds + searched_on_one_chip  # the co-located side's count before this study ran
+    # the co-located side's count once its seeds ran: the one-chip study's trials, the seeds
+    # among them counted once
+    catch_up = searched_on_one_chip
     deployments = [t.user_attrs["knobs"]["deployment"] for t in study.trials]
     assert deployments[:seeds] == ["co-located"] * seeds
     assert deployments[seeds : seeds + catch_up] == ["disaggregated"] * catch_up
+    assert deployments[seeds + catch_up] == "co-located"  # caught up: the sides take turns
 
 
-def test_without_a_one_chip_study_the_run_says_how_to_seed_one(tmp_path: Path, scenario_file):
-    """What a real engine's run says (on the simulator the run searches one chip first): the
-    study is prepared as the command line does, and nothing is queued."""
-    prepared = prepare(
+def test_each_deployment_gets_its_three_trials_before_the_one_chip_count_applies(
+    tmp_path: Path, scenario_file
+):
+    """A side needs MIN_ARM_TRIALS measured trials to be compared: with a one-chip study of 50
+    trials counted as co-located, the first trials still take turns until each deployment
+    has three, and only then go to disaggregated (the side the count leaves short)."""
+    prepared = _prepared(tmp_path, scenario_file, chips=2)
+    prepared.study.set_user_attr(ONE_CHIP_TRIALS, 50)
+    run = StudyRun(
+        prepared.study, prepared.scenario, prepared.space, prepared.runner, prepared.storage,
+        new_sampler=prepared.new_sampler,
+    )  # fmt: skip
+    optimize(run, 2 * MIN_ARM_TRIALS + 2, None)
+    deployments = [t.params["deployment"] for t in prepared.study.trials]
+    turns = ["co-located", "disaggregated"] * MIN_ARM_TRIALS
+    assert deployments == [*turns, "disaggregated", "disaggregated"]
+
+
+def _prepared(tmp_path: Path, scenario_file: Path, chips: int):
+    """The study as the command line prepares it, on the simulator, nothing run."""
+    return prepare(
         scenario=str(scenario_file),
         runner_name="sim",
         engine="mindie",
@@ -152,8 +173,14 @@ def test_without_a_one_chip_study_the_run_says_how_to_seed_one(tmp_path: Path, s
         baseline_path=None,
         heartbeat_s=60,
         outputs={},
-        chips=2,
+        chips=chips,
     )
+
+
+def test_without_a_one_chip_study_the_run_says_how_to_seed_one(tmp_path: Path, scenario_file):
+    """What a real engine's run says (on the simulator the run searches one chip first): the
+    study is prepared as the command line does, and nothing is queued."""
+    prepared = _prepared(tmp_path, scenario_file, chips=2)
     note, queued = seed_co_located(prepared)
     assert queued == 0 and not prepared.study.trials
     assert note is not None and "no one-chip study of this scenario in the storage" in note

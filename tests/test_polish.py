@@ -41,10 +41,11 @@ def test_a_linear_knob_steps_by_the_grids_step():
 
 
 def test_a_count_of_chips_steps_by_one():
-    """prefill_instances on 8 chips runs 1..7: a sixth of the range is 1.2 chips, and the
+    """prefill_instances on 8 chips runs 1..7: a fifth of the range is 1.2 chips, and the
     neighbours of 4 prefill instances are 3 and 5, not 2 and 6 (the short-prompt case's best
     split, 3P5D, lay between the 4P4D pick's neighbours)."""
     assert _steps(IntDistribution(1, 7), 4) == [3, 5]
+    # a range narrower than the grid's five intervals still moves by one step
     assert _steps(IntDistribution(1, 3), 2) == [1, 3]
 
 

@@ -157,10 +157,11 @@ def seed_co_located(p: Prepared) -> tuple[str | None, int]:
             f"study {source.study_name} (one chip): its best configs lie outside this run's "
             "space (a knob fixed at another value, or out of range)"
         ), 0
+    # The seeds are measured again here, as this study's co-located trials: counted once.
     searched = len(source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    p.study.set_user_attr(ONE_CHIP_TRIALS, searched)
+    p.study.set_user_attr(ONE_CHIP_TRIALS, max(0, searched - len(queued)))
     return (
         f"co-located starts from study {source.study_name} (one chip): its trials "
         f"{', '.join(queued)}, measured first; its {searched} trials count as co-located "
-        "ones, so this study's own trials search disaggregated configs first"
+        f"ones, so up to {searched} of this study's next trials search disaggregated configs"
     ), len(queued)

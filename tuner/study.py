@@ -220,6 +220,9 @@ BALANCE_PROPOSALS = 4
 # A chip-budget study's attribute: the trials of the one-chip study its co-located trials
 # started from (tuner.one_chip), counted as co-located trials by balance_deployments.
 ONE_CHIP_TRIALS = "one_chip_trials"
+# The measured trials an arm (a deployment, a precision and KV pair) needs before the console
+# and the report compare it (tuner.polish.trials_to_compare).
+MIN_SIDE_TRIALS = 3
 
 
 def unmeasured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -267,16 +270,19 @@ def propose_within(run: StudyRun, fixed: dict[str, Any], n: int) -> list[dict[st
 
 
 def balance_deployments(run: StudyRun) -> None:
-    """When a study searches both deployments on a chip budget, each trial runs the one fewer trials
-    of the study ran so far (co-located first), its other knobs proposed from that deployment's
-    trials alone (propose_within): left to the sampler, a deployment that led early took nearly
-    every trial (6 of 80 trials disaggregated, whose own study then found a better config);
-    given the deployment but shown every trial, the sampler searched the other one where the
-    leader's knobs were good (8 chips, customer-service, seed 0: co-located 2,439 tok/s per
-    chip, 3,556 proposed from its own trials). The one-chip study that co-located started
-    from (ONE_CHIP_TRIALS) counts as co-located trials: with half the study, disaggregated
-    read 3,037-3,856 tok/s per chip over three seeds. Queued trials (a baseline, a screen's pick, a
-    night's warm start) keep their own; a grid covers both already."""
+    """When a study searches both deployments on a chip budget, each trial runs the one that has
+    fewer trials so far (co-located first on a tie), its other knobs proposed from that
+    deployment's trials alone (propose_within): left to the sampler, a deployment that led
+    early took nearly every trial (6 of 80 trials disaggregated, whose own study then found a
+    better config); given the deployment but shown every trial, the sampler searched the other
+    one where the leader's knobs were good (8 chips, customer-service, seed 0: co-located 2,439
+    tok/s per chip, 3,556 proposed from its own trials).
+
+    The one-chip study that co-located started from (ONE_CHIP_TRIALS) counts as co-located
+    trials, since it searched that side already: given half the study instead, disaggregated
+    read 3,037-3,856 tok/s per chip over three seeds. Each deployment first gets the
+    MIN_SIDE_TRIALS that a comparison needs of this study's own trials. Queued trials (a
+    baseline, a screen's pick, a night's warm start) keep their own; a grid covers both."""
     study, space = run.study, run.space
     spec = space.ranges.get("deployment")
     if spec is None or spec.choices is None or len(spec.choices) < 2:
@@ -286,13 +292,18 @@ def balance_deployments(run: StudyRun) -> None:
     trials = study.get_trials(deepcopy=False)
     if any(t.state == TrialState.WAITING for t in trials):
         return
-    counts = {choice: 0 for choice in spec.choices}
+    ran = {choice: 0 for choice in spec.choices}
+    for t in trials:
+        if t.params.get("deployment") in ran:
+            ran[t.params["deployment"]] += 1
+    counts = dict(ran)
     if "co-located" in counts:
         counts["co-located"] += study.user_attrs.get(ONE_CHIP_TRIALS, 0)
-    for t in trials:
-        if t.params.get("deployment") in counts:
-            counts[t.params["deployment"]] += 1
-    fewer = min(counts, key=lambda choice: counts[choice])
+    short = [choice for choice in ran if ran[choice] < MIN_SIDE_TRIALS]
+    if short:  # the sides take turns until each can be compared
+        fewer = min(short, key=lambda choice: ran[choice])
+    else:
+        fewer = min(counts, key=lambda choice: counts[choice])
     proposals = propose_within(run, {"deployment": fewer}, BALANCE_PROPOSALS)
     study.enqueue_trial((unmeasured(run, proposals) or proposals)[0])
 
