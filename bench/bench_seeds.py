@@ -68,7 +68,8 @@ def study(work: Path, seed: int, trials: int) -> Path:
     )  # fmt: skip
     if done.returncode != 0:
         sys.exit(f"study seed {seed} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    repeats = next((line for line in done.stderr.splitlines() if line.startswith("repeats")), "")
+    # the console's repeats line (tuner.repeats.describe_repeats) is on stdout
+    repeats = next((line for line in done.stdout.splitlines() if line.startswith("repeats")), "")
     print(f"seed {seed}: {time.perf_counter() - started:.0f} s; {repeats}")
     return export
 
