@@ -154,7 +154,14 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
         exported["hold"]["factor"] == 4 and first["requests"] == 4 * scenario.workload.num_requests
     )
     assert first["rate"] == exported["hold"]["claimed_rate"] and first["ttft_p99_ms"] > 0
-    assert exported["capacity"]["rate"] == exported["hold"]["held_rate"]
+    # The capacity is the rate that held; where none did, the claim stands marked unheld (the
+    # tiny model's claim is the search's 256 req/s ceiling, and beside CI's other worker the
+    # 2-core machine may not deliver it, nor the four steps below it, for 96 requests).
+    if exported["hold"]["held_rate"] is None:
+        assert exported["capacity"]["held"] is False, exported["hold"]
+        assert exported["capacity"]["rate"] == exported["hold"]["claimed_rate"]
+    else:
+        assert exported["capacity"]["rate"] == exported["hold"]["held_rate"]
     # the pick and its close rivals were measured twice in all, the pick made on the worst
     assert exported["repeats"]["measurements"] == 2
     assert exported["repeats"]["worst"] == min(exported["repeats"]["throughput"])
