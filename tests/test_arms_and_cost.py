@@ -11,9 +11,8 @@ import yaml
 from runners.quality import quality_pair
 from tests.conftest import run_autotune
 from tuner.one_chip import seed_co_located
-from tuner.polish import MIN_ARM_TRIALS
 from tuner.prepare import prepare
-from tuner.study import ONE_CHIP_TRIALS, StudyRun, optimize
+from tuner.study import MIN_ARM_TRIALS, ONE_CHIP_TRIALS, StudyRun, optimize
 
 
 def _study(tmp_path: Path) -> optuna.Study:

@@ -6,10 +6,9 @@ the same knobs at bf16 were better on throughput and quality alike). Before expo
 pick's one-knob neighbourhood is measured: each categorical knob's other values, each numeric
 knob one step either way (a log-scaled knob by NUMERIC_LOG_STEP, a linear one by a fifth of its
 range, the grid's interval, rounded to its own step and one step at least: on 8 chips
-prefill_instances moves by 1).
-A neighbour that the pick rule prefers (tuner.study.best_trial) by more than MIN_GAIN becomes
-the pick and its neighbourhood is measured in turn, until none beats the pick or the budget of
-trials is spent.
+prefill_instances moves by 1). A neighbour that the pick rule prefers (tuner.study.best_trial)
+by more than MIN_GAIN becomes the pick and its neighbourhood is measured in turn, until none
+beats the pick or the budget of trials is spent.
 
 Comparisons get the same treatment (refine_arms): each arm the console and report compare (a
 precision and KV pair of the quality ladder, a deployment on a chip budget) is measured with
@@ -42,7 +41,7 @@ from runners.quality import quality_pair
 from search_spaces.space import GRID_POINTS, ROLE_KNOBS, SearchSpace
 from tuner.quality import EXCLUDED
 from tuner.study import (
-    MIN_SIDE_TRIALS,
+    MIN_ARM_TRIALS,
     StudyRun,
     TrialReport,
     best_trial,
@@ -61,7 +60,6 @@ REAL_POLISH_TRIALS = 12
 # Of that budget, each arm compared (refine_arms) gets at most this many: its controlled trial
 # and a short polish. An arm with fewer measured trials than MIN_ARM_TRIALS is "not compared".
 ARM_TRIALS = 6
-MIN_ARM_TRIALS = MIN_SIDE_TRIALS
 MIN_GAIN = 0.01  # how much better a neighbour must be to move the pick and the climb on
 
 

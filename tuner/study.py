@@ -221,8 +221,8 @@ BALANCE_PROPOSALS = 4
 # started from (tuner.one_chip), counted as co-located trials by balance_deployments.
 ONE_CHIP_TRIALS = "one_chip_trials"
 # The measured trials an arm (a deployment, a precision and KV pair) needs before the console
-# and the report compare it (tuner.polish.trials_to_compare).
-MIN_SIDE_TRIALS = 3
+# and the report compare it (tuner.polish.trials_to_compare): fewer is "not compared".
+MIN_ARM_TRIALS = 3
 
 
 def unmeasured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -281,7 +281,7 @@ def balance_deployments(run: StudyRun) -> None:
     The one-chip study that co-located started from (ONE_CHIP_TRIALS) counts as co-located
     trials, since it searched that side already: given half the study instead, disaggregated
     read 3,037-3,856 tok/s per chip over three seeds. Each deployment first gets the
-    MIN_SIDE_TRIALS that a comparison needs of this study's own trials. Queued trials (a
+    MIN_ARM_TRIALS that a comparison needs of this study's own trials. Queued trials (a
     baseline, a screen's pick, a night's warm start) keep their own; a grid covers both."""
     study, space = run.study, run.space
     spec = space.ranges.get("deployment")
@@ -299,7 +299,7 @@ def balance_deployments(run: StudyRun) -> None:
     counts = dict(ran)
     if "co-located" in counts:
         counts["co-located"] += study.user_attrs.get(ONE_CHIP_TRIALS, 0)
-    short = [choice for choice in ran if ran[choice] < MIN_SIDE_TRIALS]
+    short = [choice for choice in ran if ran[choice] < MIN_ARM_TRIALS]
     if short:  # the sides take turns until each can be compared
         fewer = min(short, key=lambda choice: ran[choice])
     else:
