@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from objectives.scenario import Scenario
-from runners.load.capacity import evaluate
 from testing.engines import engine_scenario
 from tests.test_runner_llamacpp import make_runner
 
@@ -59,21 +58,28 @@ def test_the_last_quarter_is_served_as_fast_as_the_first(
     assert log.stat().st_size / sent < 50, log.stat().st_size
 
 
-def test_sixteen_slots_serve_more_than_one(llama_server, tiny_model, tmp_path, gguf_cache):
-    """Capacity at TTFT p99 <= 100 ms with answers of 64-128 tokens: one slot makes each request
-    wait for the whole answer before it, 16 batch the decode steps of concurrent requests (as
-    shipped before: 20 and then 5 req/s on 16 slots against 5 on one). On short answers the
-    load generator's own HTTP handling binds first on 2 cores: 159 against 173 req/s."""
-    data = engine_scenario(requests=200, rate=8.0, ttft_ms=100, output=(64, 128)).model_dump(
+def test_sixteen_slots_batch_what_one_slot_queues(llama_server, tiny_model, tmp_path, gguf_cache):
+    """One load of answers of 256-512 tokens at 13 req/s: one slot makes each request wait for
+    every answer before it (about 70 ms each here: near its limit), 16 slots decode concurrent
+    requests in one batch and start each new one at once. As shipped before issue 30 the
+    cache-growing server ranked 16 slots below 4.
+
+    The figure is the median TTFT, not a capacity: beside the other test worker (vLLM on the
+    second core) one slot's capacity at TTFT p99 <= 100 ms read 8 req/s and then 16 slots'
+    6.7, the neighbour's load changing between the two searches. A queue's median TTFT against
+    a batch's differs by more than such a swing: quiet, 275 against 4.0 ms; beside two busy
+    loops, at 12 req/s, 69 against 7.7 ms."""
+    data = engine_scenario(requests=200, rate=13.0, ttft_ms=1000, output=(256, 512)).model_dump(
         mode="json"
     )
-    data["load"] = {"mode": "capacity", "precision": 0.25}
+    data["load"] = {"mode": "fixed"}
     scenario = Scenario.model_validate(data)
     runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
-    capacity = {}
+    ttft_p50_ms = {}
     for slots in (1, 16):
-        evaluation = evaluate(runner, {**CONFIG, "batch_size": slots}, scenario)
-        assert evaluation.fault is None, evaluation.fault
-        capacity[slots] = evaluation.metrics["capacity_rps"]
-    print(f"capacity req/s by slots: {capacity}")
-    assert capacity[16] > 1.2 * capacity[1], capacity
+        with runner.session({**CONFIG, "batch_size": slots}, scenario.workload) as session:
+            m = session.measure(scenario.workload)
+        assert m.fault is None and m.ok.all(), m.fault
+        ttft_p50_ms[slots] = float(np.median(m.first_token_s - m.send_s)) * 1000
+    print(f"TTFT p50 ms by slots: {ttft_p50_ms}")
+    assert ttft_p50_ms[16] * 4 < ttft_p50_ms[1], ttft_p50_ms
