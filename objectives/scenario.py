@@ -132,12 +132,36 @@ class Closed(_Strict):
 Arrival = Annotated[Poisson | Gamma | Closed, Field(discriminator="kind")]
 
 
+class SharedPrefix(_Strict):
+    """A system prompt: the first `tokens` tokens of a `share` of the requests, each such request
+    starting with one of `prompts` distinct texts (drawn uniformly). The prefix counts in the
+    prompt's length, so a scenario's token counts stay as they were; a prompt drawn no longer
+    than the prefix is lengthened to the prefix plus one token of its own."""
+
+    tokens: PositiveInt
+    share: Annotated[float, Field(ge=0, le=1)] = 1.0
+    prompts: Annotated[int, Field(ge=1, le=10_000)] = 1
+
+
 class Workload(_Strict):
     arrival: Arrival
     num_requests: Annotated[int, Field(ge=1, le=1_000_000)]
     input_tokens: LengthDistribution
     output_tokens: LengthDistribution
     seed: Annotated[int, Field(ge=0)] = 0  # numpy's generators take no negative seed
+    # Unset: every prompt is text of its own (no engine serves any of it from a prefix cache).
+    shared_prefix: SharedPrefix | None = None
+
+    @model_validator(mode="after")
+    def _prefix_fits(self):
+        prefix = self.shared_prefix
+        if prefix is not None and prefix.tokens >= self.longest_prompt:
+            raise ValueError(
+                f"shared_prefix.tokens ({prefix.tokens}) must be below the longest prompt "
+                f"({self.longest_prompt} tokens, input_tokens' max): the prefix is the start "
+                "of a prompt"
+            )
+        return self
 
     @property
     def longest_prompt(self) -> int:

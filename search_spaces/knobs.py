@@ -97,6 +97,19 @@ def _mindie_kv_compression(ratio: float) -> dict[str, Any]:
     return _MINDIE_KV_STATES[ratio]
 
 
+# MindIE's prefix cache is a plugin of the model (ModelConfig[0].plugin_params, a JSON string;
+# empty: off), Ascend/MindIE-LLM docs/zh/user_guide/feature/prefix_cache.md.
+MINDIE_PREFIX_CACHE_PLUGIN = '{"plugin_type":"prefix_cache"}'
+
+
+def _mindie_prefix_caching(on: bool) -> dict[str, Any]:
+    return {"model_config": {"plugin_params": MINDIE_PREFIX_CACHE_PLUGIN if on else ""}}
+
+
+def _flag(on_flag: str, off_flag: str) -> Renderer:
+    return lambda on: {"args": [on_flag if on else off_flag]}
+
+
 DEPLOYMENTS = ("co-located", "disaggregated")
 
 
@@ -172,6 +185,18 @@ KNOBS: dict[str, Knob] = {
                 "mindie": tuple(_MINDIE_KV_STATES),
                 "vllm": (1.0, 0.5),
                 "llamacpp": tuple(LLAMACPP_KV_TYPES),
+            },
+        ),
+        Knob(
+            "prefix_caching",
+            "categorical",
+            "keep the KV blocks of shared prompt prefixes for later requests",
+            allowed=(True, False),
+            render={
+                "mindie": _mindie_prefix_caching,
+                "vllm": _flag("--enable-prefix-caching", "--no-enable-prefix-caching"),
+                # Each slot reuses the prefix its last prompt shares with the next one.
+                "llamacpp": _flag("--cache-prompt", "--no-cache-prompt"),
             },
         ),
         Knob(

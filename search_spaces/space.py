@@ -216,7 +216,15 @@ class SearchSpace:
     def fit_workload(
         self, workload: Workload, scenario_source: str = "the scenario"
     ) -> SearchSpace:
-        """Raise max_prefill_tokens' floor to the longest prompt: below it no prompt could start."""
+        """The space for this workload: prefix caching only where prompts share a prefix (else
+        every value measures alike, and trials spent on it are lost), and max_prefill_tokens'
+        floor at the longest prompt (below it no prompt could start)."""
+        space = self
+        if workload.shared_prefix is None and "prefix_caching" not in self.user_set:
+            space = self.drop("prefix_caching", "the workload's prompts share no prefix")
+        return space._fit_prefill_floor(workload, scenario_source)
+
+    def _fit_prefill_floor(self, workload: Workload, scenario_source: str) -> SearchSpace:
         spec = self.ranges.get("max_prefill_tokens")
         need = workload.longest_prompt
         if spec is None:

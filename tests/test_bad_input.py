@@ -98,6 +98,27 @@ CASES = {
         ],
         "sla.ttft_p95_ms",
     ),
+    # issue 29: a shared prefix is the start of a prompt, shared by a share of them
+    "shared prefix no shorter than the longest prompt": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp, sc, lambda d: d["workload"].update(shared_prefix={"tokens": 1_000_000})
+            ),
+        ],
+        "shared_prefix.tokens (1000000) must be below the longest prompt",
+    ),
+    "shared prefix share above 1": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: d["workload"].update(shared_prefix={"tokens": 8, "share": 1.5}),
+            ),
+        ],
+        "workload.shared_prefix.share",
+    ),
     "negative sla": (
         lambda tmp, sc: [
             "--scenario",

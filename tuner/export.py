@@ -81,9 +81,10 @@ def _mindie_form(
     knobs: dict[str, Any], workload: Workload, ran: list[str] | None
 ) -> dict[str, Any]:
     mindie = render("mindie", knobs)
-    backend = mindie.get("config", {}) | {
-        "ModelDeployConfig": mindie_model_deploy(workload.longest_prompt, workload.longest_request)
-    }
+    deploy: dict[str, Any] = mindie_model_deploy(workload.longest_prompt, workload.longest_request)
+    if "model_config" in mindie:  # the fields of the model's entry the knobs set
+        deploy["ModelConfig"] = [mindie["model_config"]]
+    backend = mindie.get("config", {}) | {"ModelDeployConfig": deploy}
     return {
         # MindIE 1.0 and later read these under BackendConfig (as the runner writes them): at
         # the top level a pasted conf/config.json would be ignored.

@@ -49,7 +49,12 @@ def front_table(
         columns.append(f"cost per\nM out tok @{chip_cost_per_hour:g}/h")
     if deployed:
         columns.append("deploy")
-    columns += ["batch", "first", "prefill tok", "quant", "kv", "quality", "p99 n"]
+    columns += ["batch", "first", "prefill tok", "quant", "kv"]
+    # searched (or fixed) only where prompts share a prefix (SearchSpace.fit_workload)
+    prefix_cache = any("prefix_caching" in row["params"] for row in rows)
+    if prefix_cache:
+        columns.append("prefix\ncache")
+    columns += ["quality", "p99 n"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     shown, alike = _collapse_ties(rows, best)
@@ -90,11 +95,16 @@ def front_table(
             str(p.get("max_prefill_tokens", "")),
             str(p.get("quantization", "")),
             str(p.get("kv_compression", "")),
+            *([_on_off(p.get("prefix_caching"))] if prefix_cache else []),
             describe_figures(m),
             str(m.get("ttft_samples", "")),
         ]
         table.add_row(*cells)
     return table
+
+
+def _on_off(value: Any) -> str:
+    return "-" if value is None else ("on" if value else "off")
 
 
 def _collapse_ties(

@@ -117,6 +117,7 @@ class MindIERunner(ServedRunner):
         models = deploy.setdefault("ModelConfig", [{}])
         models[0]["modelName"] = SERVED_NAME
         models[0]["modelWeightPath"] = str(self.weights_for(native.get("weights", "bf16")))
+        models[0].update(native.get("model_config", {}))
         server = rendered.setdefault("ServerConfig", {})
         server.update(
             {

@@ -260,14 +260,15 @@ class ServedRunner:
     ) -> tuple[Requests, list[str], list[str]]:
         """The workload's requests, their prompts and the warm-up prompts. Prompts depend on the
         request lengths and the variant, not the rate: each step of a search sends other text of
-        the same lengths, so no engine serves a step from its prefix cache. `replicas`: one
+        the same lengths, so no engine serves a step from its prefix cache (but for the
+        workload's shared prefixes, the same text in every step). `replicas`: one
         replica's share of that many (runners.sim.router.replica_requests)."""
         prompt_maker = self._loaded_prompt_maker()
         requests = replica_requests(workload, replicas)
         key = (workload.model_dump_json(exclude={"arrival"}), variant, replicas)
         if key not in self._prompts:
-            self._prompts[key] = prompt_maker.make(
-                requests.input_tokens, workload.seed + 7919 * variant
+            self._prompts[key] = prompt_maker.for_requests(
+                requests, workload.seed + 7919 * variant, prefix_seed=workload.seed + 104729
             )
         return requests, self._prompts[key], self._warmup
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from objectives.userfile import InputError
+from runners.load.workload import NO_PREFIX, Requests
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _VOCAB_SCAN = 30000  # ids inspected for whole words; plenty for any real vocabulary
@@ -68,3 +69,18 @@ class PromptMaker:
                 )
             prompts.append(text)
         return prompts
+
+    def for_requests(self, requests: Requests, seed: int, prefix_seed: int) -> list[str]:
+        """Each request's prompt: its shared prefix's text (the same for every load of the
+        workload, so an engine's prefix cache can hit across loads), then text of its own."""
+        if requests.prefix is None:
+            return self.make(requests.input_tokens, seed)
+        sharing = requests.prefix != NO_PREFIX
+        own = self.make(requests.input_tokens - sharing * requests.prefix_tokens, seed)
+        prefixes = self.make(
+            [requests.prefix_tokens] * (int(requests.prefix.max()) + 1), prefix_seed
+        )
+        return [
+            prefixes[p] + text if p != NO_PREFIX else text
+            for p, text in zip(requests.prefix.tolist(), own, strict=True)
+        ]

@@ -37,15 +37,48 @@ def inter_arrival_s(arrival: Poisson | Gamma, n: int, rng: np.random.Generator) 
     raise TypeError(f"unknown arrival process {arrival!r}")
 
 
+NO_PREFIX = -1
+
+
 @dataclass(frozen=True)
 class Requests:
     input_tokens: np.ndarray
     output_tokens: np.ndarray
     arrival_s: np.ndarray | None  # None: closed loop with `concurrency` in flight
     concurrency: int | None
+    # Which shared prefix each prompt starts with (NO_PREFIX: none), and its length in tokens.
+    prefix: np.ndarray | None = None
+    prefix_tokens: int = 0
 
     def __len__(self) -> int:
         return int(self.input_tokens.size)
+
+    def prefix_of(self, request: int) -> int:
+        return NO_PREFIX if self.prefix is None else int(self.prefix[request])
+
+    def every(self, step: int, arrival_s: np.ndarray | None) -> Requests:
+        """Every step-th request (a replica's share), with these arrival times."""
+        return Requests(
+            self.input_tokens[::step],
+            self.output_tokens[::step],
+            arrival_s,
+            self.concurrency,
+            None if self.prefix is None else self.prefix[::step],
+            self.prefix_tokens,
+        )
+
+
+def draw_prefixes(workload: Workload, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Which prompts start with which shared prefix, and their lengths made room for it. Its own
+    random stream: a scenario's lengths and arrivals are the same with or without a prefix."""
+    shared = workload.shared_prefix
+    if shared is None:
+        return None
+    rng = np.random.default_rng([workload.seed, 1])
+    n = inputs.size
+    sharing = rng.random(n) < shared.share
+    prefix = np.where(sharing, rng.integers(0, shared.prompts, size=n), NO_PREFIX)
+    return prefix, np.where(sharing, np.maximum(inputs, shared.tokens + 1), inputs)
 
 
 def make_requests(workload: Workload) -> Requests:
@@ -53,9 +86,14 @@ def make_requests(workload: Workload) -> Requests:
     n = workload.num_requests
     inputs = sample_lengths(workload.input_tokens, n, rng)
     outputs = sample_lengths(workload.output_tokens, n, rng)
+    prefix, prefix_tokens = None, 0
+    drawn = draw_prefixes(workload, inputs)
+    if drawn is not None:
+        prefix, inputs = drawn
+        prefix_tokens = workload.shared_prefix.tokens  # type: ignore[union-attr]
     arrival = workload.arrival
     if isinstance(arrival, Closed):  # requests follow completions: no arrival times
-        return Requests(inputs, outputs, None, arrival.concurrency)
+        return Requests(inputs, outputs, None, arrival.concurrency, prefix, prefix_tokens)
     arrivals = np.cumsum(inter_arrival_s(arrival, n, rng))
     arrivals -= arrivals[0]
     if n > 1 and arrivals[-1] > 0:
@@ -63,4 +101,4 @@ def make_requests(workload: Workload) -> Requests:
         # 112.6 s, not 99.5): rescale so the load offers exactly the scenario's rate, keeping
         # the draw's burstiness.
         arrivals *= (n - 1) / (arrival.rate * arrivals[-1])
-    return Requests(inputs, outputs, arrivals, None)
+    return Requests(inputs, outputs, arrivals, None, prefix, prefix_tokens)

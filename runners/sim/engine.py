@@ -24,8 +24,9 @@ from typing import NamedTuple
 import numpy as np
 
 from runners.load.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
-from runners.load.workload import Requests
+from runners.load.workload import NO_PREFIX, Requests
 from runners.sim.costs import CostModel
+from runners.sim.prefix_cache import PrefixCache
 from runners.sim.scheduler import Scheduler, TraceStep
 
 
@@ -47,6 +48,7 @@ class Simulation:
         kv_blocks: int,
         block_tokens: int,
         ttft_bound_s: float | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.cost, self.scheduler, self.block_tokens = cost, scheduler, block_tokens
         # Early rejection as the load generator does it: stop once the TTFT p99 bound is
@@ -66,7 +68,10 @@ class Simulation:
         self.finish = [math.nan] * planned
         self.joined_step = [0] * planned  # decode-step counter when the request joined the decoders
         self.joined_context = [0] * planned  # its context then
-        self.blocks = [0] * planned
+        self.blocks = [0] * planned  # its own blocks (a cached prefix's are the cache's)
+        self.prefix_cache = prefix_cache
+        self.prefix = [NO_PREFIX] * planned if requests.prefix is None else requests.prefix.tolist()
+        self.cached = [0] * planned  # prompt tokens it found in the prefix cache (0: none)
         self.version = [0] * planned  # invalidates heap entries of a preempted request
         self.total_blocks = self.free_blocks = kv_blocks
         self.peak_used = 0
@@ -91,6 +96,8 @@ class Simulation:
             "max_prefill_seqs": 0,
             "max_step_tokens": 0,
         }
+        if prefix_cache is not None:
+            self.stats |= {"prefix_lookups": 0, "prefix_hits": 0}
         # When a list: one entry per step.
         self.trace: list[TraceStep] | None = None
 
@@ -119,7 +126,40 @@ class Simulation:
 
     def _take(self, blocks: int) -> None:
         self.free_blocks -= blocks
-        self.peak_used = max(self.peak_used, self.total_blocks - self.free_blocks)
+        # Cached blocks no request uses are free to take back (as vLLM counts its KV usage).
+        idle = 0 if self.prefix_cache is None else self.prefix_cache.idle_blocks
+        self.peak_used = max(self.peak_used, self.total_blocks - self.free_blocks - idle)
+
+    def _free_up(self, blocks: int) -> bool:
+        """Evict idle cached prefixes until `blocks` are free; whether they are."""
+        while self.free_blocks < blocks and self.prefix_cache is not None:
+            freed = self.prefix_cache.evict()
+            if not freed:
+                break
+            self.free_blocks += freed
+        return self.free_blocks >= blocks
+
+    def _acquire_prefix(self, request: int) -> int:
+        """The prompt tokens an admitted request finds in the prefix cache."""
+        prefix = self.prefix[request]
+        if self.prefix_cache is not None and prefix != NO_PREFIX:
+            self.cached[request] = self.prefix_cache.acquire(prefix)
+        return self.cached[request]
+
+    def _release_prefix(self, request: int) -> None:
+        if self.cached[request]:
+            self.prefix_cache.release(self.prefix[request])  # type: ignore[union-attr]
+            self.cached[request] = 0
+
+    def _cache_prefix(self, request: int) -> None:
+        """A request that computed its prefix hands those blocks to the cache."""
+        cache, prefix = self.prefix_cache, self.prefix[request]
+        if cache is None or prefix == NO_PREFIX or self.cached[request]:
+            return
+        if cache.can_insert(prefix) and self.blocks[request] > cache.blocks:
+            cache.insert(prefix)
+            self.blocks[request] -= cache.blocks
+            self.cached[request] = cache.tokens
 
     def _preempt_last(self) -> None:
         """Recompute policy: the newest request gives back its blocks and waits at the front."""
@@ -137,6 +177,7 @@ class Simulation:
             self.remaining[request] -= decoded
         self.free_blocks += self.blocks[request]
         self.blocks[request] = 0
+        self._release_prefix(request)
         self.version[request] += 1
         self.waiting.appendleft(request)
 
@@ -148,7 +189,7 @@ class Simulation:
             _, request, version = heapq.heappop(heap)
             if version != self.version[request]:
                 continue
-            while self.free_blocks == 0 and request in self.decoding:
+            while not self._free_up(1) and request in self.decoding:
                 self._preempt_last()
             if request not in self.decoding:
                 continue
@@ -158,12 +199,13 @@ class Simulation:
 
     def _next_block_step(self, request: int) -> int:
         """The decode step before which the request's context outgrows its blocks."""
-        capacity = self.blocks[request] * self.block_tokens
+        capacity = self.blocks[request] * self.block_tokens + self.cached[request]
         return self.joined_step[request] + capacity - self.joined_context[request] + 1
 
     # --- lifecycle ------------------------------------------------------------------------
     def _first_token(self, request: int) -> None:
         """The request finished its prefill at self.now and produced a token."""
+        self._cache_prefix(request)
         if math.isnan(self.first[request]):
             self.first[request] = self.now
             if (
@@ -192,6 +234,7 @@ class Simulation:
         self.finish[request] = self.now
         self.free_blocks += self.blocks[request]
         self.blocks[request] = 0
+        self._release_prefix(request)
         self.finished_count += 1
         if self.arrivals is None and self.next_arrival < len(self.prompt):
             self._arrive(self.next_arrival, self.now)
@@ -217,19 +260,34 @@ class Simulation:
         tokens = 0
         while self.waiting and len(batch) < min(seats, limit):
             request = self.waiting[0]
-            need = self._blocks_for(self.prompt[request] + 1)
+            computed = self.prompt[request] - self._acquire_prefix(request)
+            need = self._blocks_for(computed + 1)
             # A preempted request recomputes its prompt and what it generated, which may exceed
             # the budget: it then runs alone (when the step has room for it) rather than block
             # the queue.
-            over = tokens + self.prompt[request] > budget
-            if (over and (batch or not alone_ok)) or need > self.free_blocks:
+            over = tokens + computed > budget
+            if (over and (batch or not alone_ok)) or not self._free_up(need):
+                self._release_prefix(request)
                 break
             self.waiting.popleft()
             self._take(need)
             self.blocks[request] = need
             batch.append(request)
-            tokens += self.prompt[request]
+            tokens += computed
+            if self.prefix[request] != NO_PREFIX and self.prefix_cache is not None:
+                self.stats["prefix_lookups"] += 1
+                self.stats["prefix_hits"] += self.cached[request] > 0
         return batch
+
+    def _prefill_work(self, batch: list[int]) -> tuple[int, float, int]:
+        """Prompt tokens computed, the attention pairs they form, and the cached tokens read."""
+        tokens = pairs = prefix = 0
+        for i in batch:
+            prompt, cached = self.prompt[i], self.cached[i]
+            tokens += prompt - cached
+            pairs += prompt * (prompt + 1) / 2 - cached * (cached + 1) / 2
+            prefix += cached
+        return tokens, pairs, prefix
 
     def _advance(
         self, seconds: float, decodes: bool, prefill_seqs: int = 0, prefill_tokens: int = 0
@@ -263,10 +321,12 @@ class Simulation:
         self._advance(seconds, True)
 
     def _prefill_step(self, batch: list[int]) -> None:
-        tokens = sum(self.prompt[i] for i in batch)
-        pairs = sum(self.prompt[i] * (self.prompt[i] + 1) / 2 for i in batch)
+        tokens, pairs, prefix = self._prefill_work(batch)
         self._advance(
-            self.cost.step_seconds(tokens, pairs, 0, len(batch), 0, 0), False, len(batch), tokens
+            self.cost.step_seconds(tokens, pairs, prefix, len(batch), 0, 0),
+            False,
+            len(batch),
+            tokens,
         )
         for i in batch:
             self._first_token(i)
@@ -277,7 +337,7 @@ class Simulation:
         budget = scheduler.max_prefill_tokens - len(self.decoding)
         seats = scheduler.max_batch - len(self.decoding) - len(self.prefilling)
         for i in self._pick_prefills(math.inf, seats, seats):
-            self.prefilling[i] = 0
+            self.prefilling[i] = self.cached[i]
         chunks: list[tuple[int, int]] = []  # (request, its prompt tokens this step)
         tokens = pairs = prefix = 0
         for i, prefilled in self.prefilling.items():
@@ -316,10 +376,9 @@ class Simulation:
         )
         if not batch and not self.decoding:
             return
-        tokens = sum(self.prompt[i] for i in batch)
-        pairs = sum(self.prompt[i] * (self.prompt[i] + 1) / 2 for i in batch)
+        tokens, pairs, prefix = self._prefill_work(batch)
         seconds = self.cost.step_seconds(
-            tokens, pairs, 0, len(batch), len(self.decoding), self.decoding_context
+            tokens, pairs, prefix, len(batch), len(self.decoding), self.decoding_context
         )
         self._advance(seconds, True, len(batch), tokens)
         for i in batch:
@@ -384,7 +443,7 @@ class Simulation:
             output_tokens=np.array(self.output_tokens[:sent]),
             ok=~np.isnan(finish),
             peak_kv_usage=self.peak_used / self.total_blocks,
-            extra=dict(self.stats),
+            extra=self.stats | ({} if self.prefix_cache is None else self.prefix_cache.stats),
             warmup=min(self.warmup, sent),
         )
 

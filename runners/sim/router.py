@@ -38,9 +38,4 @@ def replica_requests(workload: Workload, replicas: int) -> Requests:
     requests = make_requests(fleet_window(workload, replicas))
     assert requests.arrival_s is not None, "an open loop has arrival times"
     arrivals = requests.arrival_s[::replicas]
-    return Requests(
-        requests.input_tokens[::replicas],
-        requests.output_tokens[::replicas],
-        arrivals - arrivals[0],
-        None,
-    )
+    return requests.every(replicas, arrivals - arrivals[0])

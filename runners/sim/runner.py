@@ -13,6 +13,7 @@ from runners.load.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
 from runners.sim.disaggregated import FIRST_TOKEN_FROM, DisaggregatedSession, Fleet
 from runners.sim.engine import Simulation
+from runners.sim.prefix_cache import PrefixCache
 from runners.sim.profiles import (
     Figure,
     HardwareProfile,
@@ -45,6 +46,10 @@ DEFAULTS: dict[str, Any] = {  # MindIE's defaults for knobs a search space leave
     "decode_time_ms_per_req": 50,
 }
 
+
+# Each engine's own default where a space leaves prefix caching out: vLLM V1 and llama-server
+# turn it on, MindIE's plugin is off unless configured (search_spaces/memory-options.md).
+PREFIX_CACHING_DEFAULT = {"mindie": False, "vllm": True, "llamacpp": True}
 
 BATCH_LIMIT = int((KNOBS["batch_size"].limits or (1, 5000))[1])
 
@@ -215,7 +220,7 @@ class SimRunner:
 
     @contextmanager
     def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
-        config = DEFAULTS | config
+        config = DEFAULTS | {"prefix_caching": PREFIX_CACHING_DEFAULT[self.engine]} | config
         reasons = self.violations(config, workload)
         session: Session
         if reasons:
@@ -263,6 +268,7 @@ class _SimSession:
         self.block = runner.hardware.kv_block_tokens
         self.blocks = self.cost.kv_capacity_tokens(config["max_prefill_tokens"]) // self.block
         self.replicas = runner.chips  # co-located: one replica per chip
+        self.prefix_caching = bool(config["prefix_caching"])
         self.extra: dict[str, Any] = {}
 
     def measure(
@@ -270,7 +276,10 @@ class _SimSession:
     ) -> Measurement:
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
         requests = replica_requests(workload, self.replicas)
-        sim = Simulation(self.cost, self.scheduler, requests, self.blocks, self.block, bound)
+        cache = None
+        if self.prefix_caching and requests.prefix_tokens:
+            cache = PrefixCache(requests.prefix_tokens, self.block)
+        sim = Simulation(self.cost, self.scheduler, requests, self.blocks, self.block, bound, cache)
         try:
             return sim.run()
         except RuntimeError as error:  # a simulator fault is the trial's, never the study's
