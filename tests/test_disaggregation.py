@@ -25,10 +25,11 @@ from objectives.scenario import (
     load_scenario,
 )
 from runners.load.measurement import summarize
-from runners.load.workload import Requests
+from runners.load.workload import NO_PREFIX, Requests
 from runners.sim.disaggregated import DecodeOnly, DisaggregatedSession
 from runners.sim.engine import Simulation
 from runners.sim.prefill_only import prefill_ends
+from runners.sim.prefix_cache import PrefixCache
 from runners.sim.router import at_fleet_rate, replica_requests
 from runners.sim.runner import DEFAULTS, SimRunner
 from search_spaces.space import ROLE_KNOBS, SearchSpace
@@ -330,12 +331,15 @@ def test_long_prompts_under_a_tight_tpot_disaggregated_wins_per_chip(engine: str
         ("mindie", 64, 65536, 0.31),  # few KV blocks: they hold a step's prompts back
     ],
 )
+@pytest.mark.parametrize("shared", [False, True])
 def test_the_lean_prefill_instance_runs_the_engine_simulation_s_steps(
-    engine: str, prefill_batch: int, budget: int, share: float
+    engine: str, prefill_batch: int, budget: int, share: float, shared: bool
 ):
     """The prefill stage's lean loop against the general engine simulation serving the same
     prompts as requests of one output token under the prefill role's scheduler: the same end
-    of every prefill, under a load that queues (bursty arrivals, long prompts)."""
+    of every prefill, under a load that queues (bursty arrivals, long prompts). Shared: 60
+    system prompts of 1,000 tokens open 80% of the prompts, cached (with few KV blocks the
+    idle ones are evicted)."""
     runner = SimRunner(engine=engine, hardware="ascend-910b2", chips=4)
     config = _pd(1, 3, prefill_batch_size=prefill_batch, max_prefill_tokens=budget)
     config |= {"prefill_memory_share": share}
@@ -343,6 +347,11 @@ def test_the_lean_prefill_instance_runs_the_engine_simulation_s_steps(
     rng = np.random.default_rng(7)
     prompts = rng.integers(200, 2000, size=400)
     arrivals = np.cumsum(rng.gamma(0.3, 1 / (0.3 * 60.0), size=400))
+    prefix, caches = None, [None, None]
+    if shared:
+        prefix = np.where(rng.random(400) < 0.8, rng.integers(0, 60, size=400), NO_PREFIX)
+        prompts = np.where(prefix != NO_PREFIX, np.maximum(prompts, 1001), prompts)
+        caches = [PrefixCache(1000, fleet.block_tokens) for _ in range(2)]
     ends = prefill_ends(
         fleet.prefill_cost,
         fleet.prefill_scheduler,
@@ -350,18 +359,24 @@ def test_the_lean_prefill_instance_runs_the_engine_simulation_s_steps(
         arrivals,
         fleet.prefill_blocks,
         fleet.block_tokens,
+        prefix=prefix,
+        cache=caches[0],
     )
     general = Simulation(
         fleet.prefill_cost,
         fleet.prefill_scheduler,
-        Requests(prompts, np.ones(prompts.size, int), arrivals, None),
+        Requests(prompts, np.ones(prompts.size, int), arrivals, None, prefix, 1000 * shared),
         fleet.prefill_blocks,
         fleet.block_tokens,
+        prefix_cache=caches[1],
     )
     general.run()
     assert not isinstance(ends, str)
     assert np.array_equal(ends, np.array(general.finish))
     assert np.max(ends - arrivals) > 0.5  # it did queue: the steps were not trivial
+    if shared:
+        assert caches[0].stats == caches[1].stats  # the same evictions (174 with few blocks)
+        assert general.stats["prefix_hits"] > 0
 
 
 def test_the_lean_prefill_instance_rejects_once_the_bound_is_certainly_broken():

@@ -36,6 +36,7 @@ from runners.load.workload import Requests, make_requests
 from runners.sim.costs import CostModel
 from runners.sim.engine import Simulation
 from runners.sim.prefill_only import prefill_ends
+from runners.sim.prefix_cache import PrefixCache
 from runners.sim.profiles import LinkFigures
 from runners.sim.router import fleet_window
 from runners.sim.scheduler import Scheduler
@@ -120,6 +121,9 @@ class Fleet:
     block_tokens: int
     link: LinkFigures
     first_token_from: str  # "prefill" or "decode"
+    # Each prefill instance keeps the shared prefixes it computed; a decode instance receives
+    # every prompt's whole KV cache.
+    prefix_caching: bool = False
 
 
 class DisaggregatedSession:
@@ -165,6 +169,9 @@ class DisaggregatedSession:
         # whose number is a multiple of gcd(prefills, decodes)).
         for instance in np.unique(measured % prefills):
             mine = np.arange(instance, n, prefills)
+            cache = None
+            if fleet.prefix_caching and requests.prefix_tokens:
+                cache = PrefixCache(requests.prefix_tokens, fleet.block_tokens)
             # No first token before the prefill ends: early rejection there too.
             ends = prefill_ends(
                 fleet.prefill_cost,
@@ -176,6 +183,8 @@ class DisaggregatedSession:
                 ttft_bound_s,
                 judged[mine],
                 samples,
+                None if requests.prefix is None else requests.prefix[mine],
+                cache,
             )
             if isinstance(ends, str):
                 return self._rejected(requests, measured, ends)

@@ -2,9 +2,10 @@
 runners.sim.engine's Simulation serving requests of one output token under the prefill role's
 scheduler (role_config: prefill-first, whole prompts, at most `max_prefill_batch` requests and
 `max_prefill_tokens` tokens a step, within the KV blocks), without its decode machinery. A
-request leaves with its prefill, so no block outlives a step. Its time is the prefill stage's
-share of a disaggregated trial (bench/bench_disaggregation.py); tests/test_disaggregation.py
-checks it against the Simulation step for step."""
+request leaves with its prefill, so no block outlives a step but a cached prefix's
+(runners.sim.prefix_cache: a prompt that starts with one computes only the rest). Its time is
+the prefill stage's share of a disaggregated trial (bench/bench_disaggregation.py);
+tests/test_disaggregation.py checks it against the Simulation step for step."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from collections import deque
 import numpy as np
 
 from runners.load.measurement import p99_breaking_count
+from runners.load.workload import NO_PREFIX
 from runners.sim.costs import CostModel
+from runners.sim.prefix_cache import PrefixCache
 from runners.sim.scheduler import Scheduler
 
 
@@ -28,6 +31,8 @@ def prefill_ends(
     ttft_bound_s: float | None = None,
     judged: np.ndarray | None = None,
     samples: int = 0,
+    prefix: np.ndarray | None = None,
+    cache: PrefixCache | None = None,
 ) -> np.ndarray | str:
     """When each prompt's prefill ends (arrivals in order), or, with a TTFT bound, why the bound
     is certainly broken: the prefill's end (plus the request latency) bounds a first token from
@@ -36,7 +41,7 @@ def prefill_ends(
     planned = int(prompts.size)
     ends = np.full(planned, math.nan)
     tokens_of = prompts.tolist()
-    blocks_of = [-(-(tokens + 1) // block_tokens) for tokens in tokens_of]
+    prefix_of = [NO_PREFIX] * planned if prefix is None or cache is None else prefix.tolist()
     at = arrivals.tolist()
     seats = min(scheduler.max_batch, scheduler.max_prefill_batch)
     budget = scheduler.max_prefill_tokens
@@ -52,23 +57,38 @@ def prefill_ends(
         if not waiting:
             now = max(now, at[arrived])
             continue
-        batch: list[int] = []
-        tokens = pairs = 0.0
-        free = kv_blocks
+        batch: list[tuple[int, int, int]] = []  # (request, its cached tokens, its own blocks)
+        tokens = pairs = read = 0.0
+        free = kv_blocks - (0 if cache is None else len(cache.users) * cache.blocks)
         while waiting and len(batch) < seats:
             request = waiting[0]
-            prompt = tokens_of[request]
-            if (batch and tokens + prompt > budget) or blocks_of[request] > free:
+            prompt, shared = tokens_of[request], prefix_of[request]
+            cached = 0 if shared == NO_PREFIX else cache.acquire(shared)  # type: ignore[union-attr]
+            need = -(-(prompt - cached + 1) // block_tokens)
+            over = batch and tokens + prompt - cached > budget
+            while not over and need > free and cache is not None and (freed := cache.evict()):
+                free += freed
+            if over or need > free:
+                if cached:
+                    cache.release(shared)  # type: ignore[union-attr]
                 break
             waiting.popleft()
-            free -= blocks_of[request]
-            batch.append(request)
-            tokens += prompt
-            pairs += prompt * (prompt + 1) / 2
+            free -= need
+            batch.append((request, cached, need))
+            tokens += prompt - cached
+            pairs += prompt * (prompt + 1) / 2 - cached * (cached + 1) / 2
+            read += cached
         if not batch:
             raise RuntimeError("simulation stalled: waiting requests fit nowhere")
-        now += cost.step_seconds(int(tokens), pairs, 0, len(batch), 0, 0)
-        for request in batch:
+        now += cost.step_seconds(int(tokens), pairs, int(read), len(batch), 0, 0)
+        for request, cached, need in batch:
+            shared = prefix_of[request]
+            if cache is not None and shared != NO_PREFIX:
+                if cached:  # it leaves: the prefix stays cached, idle
+                    cache.release(shared)
+                elif cache.can_insert(shared) and need > cache.blocks:
+                    cache.insert(shared)  # its prefix's blocks outlive it, idle
+                    cache.release(shared)
             ends[request] = now
             if (
                 ttft_bound_s is not None

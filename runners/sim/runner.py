@@ -249,6 +249,7 @@ class SimRunner:
             self.hardware.kv_block_tokens,
             link.intra_node if counts.chips <= link.chips_per_node else link.inter_node,
             FIRST_TOKEN_FROM[self.engine],
+            bool(config.get("prefix_caching", PREFIX_CACHING_DEFAULT[self.engine])),
         )
 
     def run(
