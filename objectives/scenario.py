@@ -143,6 +143,20 @@ class SharedPrefix(_Strict):
     prompts: Annotated[int, Field(ge=1, le=10_000)] = 1
 
 
+class Burst(_Strict):
+    """A burst in an open loop: after the first `after` requests, the next `requests` arrive at
+    `multiple` times the arrival rate, then the rate returns (a 32 -> 96 burst is multiple 3).
+    Counted in requests, not seconds, so it is the same burst at any rate the load runs at."""
+
+    after: Annotated[int, Field(ge=0)]
+    requests: Annotated[int, Field(ge=2)]
+    multiple: Annotated[float, Field(gt=1, le=1000)]
+
+    def indices(self) -> tuple[int, int]:
+        """The first request of the burst and the first one after it."""
+        return self.after, self.after + self.requests
+
+
 class Workload(_Strict):
     arrival: Arrival
     num_requests: Annotated[int, Field(ge=1, le=1_000_000)]
@@ -151,6 +165,26 @@ class Workload(_Strict):
     seed: Annotated[int, Field(ge=0)] = 0  # numpy's generators take no negative seed
     # Unset: every prompt is text of its own (no engine serves any of it from a prefix cache).
     shared_prefix: SharedPrefix | None = None
+    burst: Burst | None = None
+
+    @model_validator(mode="after")
+    def _burst_fits(self):
+        burst = self.burst
+        if burst is None:
+            return self
+        if isinstance(self.arrival, Closed):
+            raise ValueError(
+                "burst needs an open loop (arrival kind poisson or gamma): a closed loop's "
+                "arrivals follow its completions"
+            )
+        end = burst.after + burst.requests
+        if end >= self.num_requests:
+            raise ValueError(
+                f"burst (after {burst.after} + {burst.requests} requests = {end}) must end "
+                f"before the test's last request (num_requests {self.num_requests}), so that "
+                "its recovery is measured"
+            )
+        return self
 
     @model_validator(mode="after")
     def _prefix_fits(self):
@@ -182,6 +216,8 @@ class SLA(_Strict):
     tpot_p99_ms: PositiveFloat | None = None
     # Unset: every request must succeed (a failed request under load is a miss, not noise).
     min_success_rate: Annotated[float, Field(gt=0, le=1)] | None = None
+    # TTFT p99 of the requests a workload's burst sends (unset: the burst is only recorded)
+    burst_ttft_p99_ms: PositiveFloat | None = None
 
     @property
     def required_success_rate(self) -> float:
@@ -194,6 +230,8 @@ class SLA(_Strict):
             bounds.append(f"TPOT p99 <= {self.tpot_p99_ms:g} ms")
         if self.min_success_rate is not None:
             bounds.append(f"success >= {self.min_success_rate:.3g}")
+        if self.burst_ttft_p99_ms is not None:
+            bounds.append(f"burst TTFT p99 <= {self.burst_ttft_p99_ms:g} ms")
         return ", ".join(bounds)
 
 
@@ -297,6 +335,17 @@ class Scenario(_Strict):
     def _none_means_unconstrained(cls, value: Any) -> Any:
         # `quality: none` says so in words where a preset's copy drops its quality SLO
         return None if value == "none" else value
+
+    @model_validator(mode="after")
+    def _burst_in_a_fixed_load(self):
+        if self.workload.burst is not None and self.load.mode != "fixed":
+            raise ValueError(
+                "workload.burst needs load.mode fixed: a capacity search scales the load and "
+                "judges each window steady, which a burst is not"
+            )
+        if self.sla.burst_ttft_p99_ms is not None and self.workload.burst is None:
+            raise ValueError("sla.burst_ttft_p99_ms bounds a burst: set workload.burst")
+        return self
 
     @model_validator(mode="after")
     def _rate_bounds_bracket(self):

@@ -60,6 +60,13 @@ def constraint_values(metrics: dict[str, Any], sla: SLA) -> dict[str, float]:
         # No multi-token request means TPOT was never observed: that cannot prove the SLO met.
         constraints["tpot_p99"] = 1.0 if tpot is None else tpot / sla.tpot_p99_ms - 1.0
     constraints["success_rate"] = sla.required_success_rate - metrics["success_rate"]
+    if sla.burst_ttft_p99_ms is not None:
+        burst = metrics.get("burst_ttft_p99_ms")
+        constraints["burst_ttft_p99"] = (
+            1.0 if burst is None else burst / sla.burst_ttft_p99_ms - 1.0
+        )
+        # A queue the burst left that never drained: an avalanche, whatever its TTFTs.
+        constraints["burst_recovered"] = 0.0 if metrics.get("burst_recovered") else 1.0
     share = metrics.get("delivered_share")
     measured = metrics.get("requests_sent", 0) - metrics.get("warmup_requests", 0)
     constraints["sustained"] = 0.0 if share is None else 1.0 - sustain_tolerance(measured) - share

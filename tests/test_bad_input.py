@@ -108,6 +108,32 @@ CASES = {
         ],
         "shared_prefix.tokens (1000000) must be below the longest prompt",
     ),
+    "burst longer than the test": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: d["workload"].update(
+                    burst={"after": 100, "requests": 100, "multiple": 3.0}
+                ),
+            ),
+        ],
+        "must end before the test's last request (num_requests 200)",
+    ),
+    "burst in a capacity search": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: d["workload"].update(
+                    burst={"after": 50, "requests": 50, "multiple": 3.0}
+                ),
+            ),
+        ],
+        "workload.burst needs load.mode fixed",
+    ),
     "shared prefix share above 1": (
         lambda tmp, sc: [
             "--scenario",

@@ -49,6 +49,9 @@ def front_table(
         columns.append(f"cost per\nM out tok @{chip_cost_per_hour:g}/h")
     if deployed:
         columns.append("deploy")
+    burst = any("burst_recovered" in row["metrics"] for row in rows)
+    if burst:
+        columns.append("burst TTFT\np99 ms, recovery")
     columns += ["batch", "first", "prefill tok", "quant", "kv"]
     # searched (or fixed) only where prompts share a prefix (SearchSpace.fit_workload)
     prefix_cache = any("prefix_caching" in row["params"] for row in rows)
@@ -89,6 +92,8 @@ def front_table(
             cells.append("-" if per_token is None else f"{per_token:.3g}")
         if deployed:
             cells.append(label or "-")
+        if burst:
+            cells.append(_burst_cell(m))
         cells += [
             str(p.get("batch_size", "")),
             str(p.get("select_batch", "")).removesuffix("-first"),
@@ -101,6 +106,13 @@ def front_table(
         ]
         table.add_row(*cells)
     return table
+
+
+def _burst_cell(metrics: dict[str, Any]) -> str:
+    p99, recovery = metrics.get("burst_ttft_p99_ms"), metrics.get("burst_recovery_s")
+    if p99 is None:
+        return "-"
+    return f"{p99:.0f}, " + ("never" if recovery is None else f"{recovery:.1f} s")
 
 
 def _on_off(value: Any) -> str:

@@ -73,7 +73,7 @@ def hold_pick(
             assert rate is not None
             load = _load(scenario, rate, factor)
             measurement = session.measure(load.workload, load.sla, False)
-            metrics = summarize(measurement, load.sla)
+            metrics = summarize(measurement, load.sla, load.workload.burst)
             fault = measurement.fault
             meets = fault is None and is_feasible(constraint_values(metrics, load.sla))
             loads.append(

@@ -21,7 +21,8 @@ tokens/s and requests/s are the trial's throughput. `max_trial_s` ends the searc
 trial says so.
 
 Steady state: each step's window is judged by runners.load.steady_state's rule, extended until
-it settles or reaches EXTENSION_CAP times `num_requests`.
+it settles or reaches EXTENSION_CAP times `num_requests`. A load with a burst (a fixed load
+only) is not steady by design: it runs once, as written, and its burst figures judge it.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def _step(
     if scenario.closed_loop:  # every seat serves a few requests: no window is all fill and drain
         base = max(base, CLOSED_WINDOW_CYCLES * round(rate))
     cap = min(base * EXTENSION_CAP, max(base, MAX_WINDOW_REQUESTS))
+    if scenario.workload.burst is not None:  # a load with a burst is one test, run as written
+        cap = base
     size, windows, sent = base, 0, 0
     while True:
         last = size * 2 > cap
@@ -157,7 +160,7 @@ def _step(
         rejection = _moved(sla, 1 - margin if last else 1 + margin)
         measurement = session.measure(workload, rejection, stop_early)
         windows, sent = windows + 1, sent + measurement.sent
-        metrics = summarize(measurement, sla) if measurement.sent else {}
+        metrics = summarize(measurement, sla, workload.burst) if measurement.sent else {}
         meets_sla = (
             measurement.fault is None
             and metrics.get("ttft_p99_ms") is not None

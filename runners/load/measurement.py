@@ -40,6 +40,13 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   disaggregated deployment's is one decode instance's requests, on its share of the prefill
   and decode chips: all of them over the decode instances), so deployments of
   different sizes compare (DistServe's per-GPU goodput).
+- burst (a workload's `burst`, requests `after`..`after + requests - 1`): burst TTFT p99 over
+  its successful requests (all of them: the burst is judged whole, wherever the warm-up
+  ends), the burst's failed requests, and the
+  recovery: from the burst's last send to the send of the first later request that met the
+  TTFT bound and after which at most 1% of the requests (the p99's allowance) failed or missed
+  it; None (`burst_recovered` false) when no such request came before the test ended: the
+  queue the burst left never drained, an avalanche.
 Percentiles use numpy's linear interpolation over successful requests and always carry the
 number of samples they stand on; a p99 from fewer than 100 samples is flagged.
 """
@@ -52,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from objectives.scenario import SLA
+from objectives.scenario import SLA, Burst
 
 P99_MIN_SAMPLES = 100
 WARMUP_SHARE = 0.1
@@ -199,7 +206,32 @@ def delivered(m: Measurement) -> tuple[float, float] | None:
     return offered / m.chips, (offered - growth) / m.chips
 
 
-def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
+RECOVERED_LATE_SHARE = 0.01  # the p99's allowance: late requests after a recovery
+
+
+def burst_metrics(m: Measurement, sla: SLA, burst: Burst) -> dict[str, Any]:
+    """The burst's TTFT p99, failures and recovery (the module's definitions)."""
+    first, end = burst.indices()
+    ok = m.ok.astype(bool)
+    ttft = m.first_token_s - m.send_s
+    inside = np.arange(first, min(end, m.sent))
+    metrics = _percentiles("burst_ttft", ttft[inside[ok[inside]]], (99,))
+    metrics["burst_failed"] = int((~ok[inside]).sum())
+    after = np.arange(end, m.sent)
+    recovery: float | None = None
+    if after.size:
+        late = ~ok[after] | (np.nan_to_num(ttft[after], nan=np.inf) * 1000 > sla.ttft_p99_ms)
+        late_from = np.cumsum(late[::-1])[::-1]  # late requests from each one on
+        share_from = late_from / np.arange(after.size, 0, -1)
+        settled = np.flatnonzero(~late & (share_from <= RECOVERED_LATE_SHARE))
+        if settled.size:
+            recovery = float(m.send_s[after[settled[0]]] - m.send_s[end - 1])
+    metrics["burst_recovery_s"] = recovery
+    metrics["burst_recovered"] = recovery is not None
+    return metrics
+
+
+def summarize(m: Measurement, sla: SLA, burst: Burst | None = None) -> dict[str, Any]:
     """Every metric of a measurement, flat, ready to store as trial user attributes."""
     ok = m.ok.astype(bool)
     # The percentiles' samples: successful requests after the warm-up.
@@ -252,4 +284,6 @@ def summarize(m: Measurement, sla: SLA) -> dict[str, Any]:
         if metrics["idle_ttft_trend"] is not None and np.median(idle_ttft[:quarter]) > 0
         else None
     )
+    if burst is not None:
+        metrics |= burst_metrics(m, sla, burst)
     return metrics

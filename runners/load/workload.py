@@ -81,6 +81,14 @@ def draw_prefixes(workload: Workload, inputs: np.ndarray) -> tuple[np.ndarray, n
     return prefix, np.where(sharing, np.maximum(inputs, shared.tokens + 1), inputs)
 
 
+def with_burst(arrivals: np.ndarray, first: int, end: int, multiple: float) -> np.ndarray:
+    """The arrivals with requests first..end-1 coming `multiple` times as fast (their gaps
+    divided by it), and every later one as much earlier: the same draw, its burst squeezed."""
+    gaps = np.diff(arrivals, prepend=arrivals[0])
+    gaps[first + 1 : end] /= multiple
+    return np.cumsum(gaps)
+
+
 def make_requests(workload: Workload) -> Requests:
     rng = np.random.default_rng(workload.seed)
     n = workload.num_requests
@@ -101,4 +109,6 @@ def make_requests(workload: Workload) -> Requests:
         # 112.6 s, not 99.5): rescale so the load offers exactly the scenario's rate, keeping
         # the draw's burstiness.
         arrivals *= (n - 1) / (arrival.rate * arrivals[-1])
+    if workload.burst is not None:
+        arrivals = with_burst(arrivals, *workload.burst.indices(), workload.burst.multiple)
     return Requests(inputs, outputs, arrivals, None, prefix, prefix_tokens)

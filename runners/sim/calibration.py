@@ -72,7 +72,7 @@ def simulate(runner, scenario: Scenario, observation: Observation) -> dict[str, 
         m = session.measure(workload, scenario.sla, False)
     if m.fault is not None or not m.sent:
         return {key: None for key in METRICS}
-    metrics = summarize(m, scenario.sla)
+    metrics = summarize(m, scenario.sla, workload.burst)
     return {key: metrics.get(key) for key in METRICS}
 
 
