@@ -69,8 +69,13 @@ _VIOLATIONS = {
 
 def violations(engine: str, config: dict[str, Any], workload: Workload) -> list[str]:
     """Why the engine would refuse to start with this config for this workload (empty: it
-    starts)."""
-    return _VIOLATIONS[engine](config, workload)
+    starts), or would start and ignore a knob."""
+    reasons = _VIOLATIONS[engine](config, workload)
+    if config.get("kv_host_gb") and config.get("prefix_caching") is False:
+        # vLLM finds offloaded blocks through its prefix cache; llama-server's RAM cache holds
+        # slots' cached prompts: without prefix caching the host tier is never read.
+        reasons.append("kv_host_gb needs prefix_caching: the host tier is read through it")
+    return reasons
 
 
 def vllm_args(

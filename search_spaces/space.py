@@ -29,6 +29,8 @@ ROLE_KNOBS = (
     "prefill_memory_share",
     "decode_memory_share",
 )
+# Knobs that act on shared prompt prefixes only (runners.sim.prefix_cache).
+PREFIX_KNOBS = ("prefix_caching", "kv_host_gb")
 GRID_POINTS = 6  # values per numeric knob when --sampler grid has no explicit `grid`
 
 
@@ -220,8 +222,10 @@ class SearchSpace:
         every value measures alike, and trials spent on it are lost), and max_prefill_tokens'
         floor at the longest prompt (below it no prompt could start)."""
         space = self
-        if workload.shared_prefix is None and "prefix_caching" not in self.user_set:
-            space = self.drop("prefix_caching", "the workload's prompts share no prefix")
+        if workload.shared_prefix is None:
+            for name in PREFIX_KNOBS:
+                if name not in self.user_set:
+                    space = space.drop(name, "the workload's prompts share no prefix")
         return space._fit_prefill_floor(workload, scenario_source)
 
     def _fit_prefill_floor(self, workload: Workload, scenario_source: str) -> SearchSpace:

@@ -134,6 +134,17 @@ CASES = {
         ],
         "workload.burst needs load.mode fixed",
     ),
+    "host tier beyond the profile's host memory": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(tmp, sc, lambda d: d["workload"].update(shared_prefix={"tokens": 64})),
+            "--engine",
+            "vllm",
+            "--space",
+            _write(tmp / "space.yaml", "knobs:\n  kv_host_gb: {value: 500}\n"),
+        ],
+        "knobs.kv_host_gb: 500 GB is more than ascend-910b2's host memory for one chip (96 GB",
+    ),
     "shared prefix share above 1": (
         lambda tmp, sc: [
             "--scenario",

@@ -9,7 +9,8 @@ import pytest
 from objectives.scenario import Closed, Fixed, Scenario, SharedPrefix, load_scenario
 from runners.load.workload import NO_PREFIX, make_requests
 from runners.sim.engine import Simulation
-from runners.sim.prefix_cache import PrefixCache
+from runners.sim.prefix_cache import HostTier, PrefixCache
+from runners.sim.profiles import Figure, load_hardware
 from runners.sim.runner import DEFAULTS, SimRunner
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace
@@ -205,3 +206,84 @@ def test_the_space_searches_prefix_caching_only_where_prompts_share_a_prefix(tmp
     space_file.write_text("knobs:\n  prefix_caching: {value: false}\n")
     fixed = SearchSpace.load("vllm", space_file).fit_workload(scenario.workload)
     assert fixed.fixed()["prefix_caching"] is False
+
+
+# --- the host tier --------------------------------------------------------------------------
+
+
+def test_the_host_tier_keeps_what_the_device_evicts_and_drops_its_oldest_when_full():
+    host = HostTier(blocks=4, block_seconds=0.001, latency_s=0.0005)
+    cache = PrefixCache(prefix_tokens=256, block_tokens=128, host=host)  # 2 blocks a prefix
+    for prefix in (1, 2, 3):
+        cache.insert(prefix)
+        cache.release(prefix)
+    assert [cache.evict() for _ in range(3)] == [2, 2, 2]
+    assert cache.stats["prefix_offloads"] == 3 and cache.stats["host_drops"] == 1  # 2 fit
+    assert cache.take_from_host(1) is None  # the oldest went
+    assert cache.take_from_host(3) == pytest.approx(0.0005 + 2 * 0.001)
+    assert cache.take_from_host(3) is None  # taken: it is the device's again
+
+
+def host_profile(bandwidth_gbs: float):
+    """910B2 with 16 GB of device memory (a KV cache of about 27 prefixes of 2,048 tokens)
+    and its host link at this bandwidth."""
+    base = load_hardware("ascend-910b2")
+    assert base.host is not None
+    link = base.host.link.model_copy(
+        update={"bandwidth_gbs": Figure(value=bandwidth_gbs, source="assumed")}
+    )
+    return base.model_copy(
+        update={
+            "memory_gb": Figure(value=16, source="assumed"),
+            "host": base.host.model_copy(update={"link": link}),
+        }
+    )
+
+
+@pytest.mark.parametrize("bandwidth_gbs", [25.0, 0.5])
+def test_reloading_from_host_beats_recomputing_on_a_fast_link_and_loses_on_a_slow_one(
+    bandwidth_gbs,
+):
+    """100 system prompts of 2,048 tokens, more than the device keeps: without a host tier
+    most prompts compute their prefix again (about 130 ms of prefill on 910B2); with 16 GB of
+    host memory they reload its 117 MB instead: 4.7 ms over PCIe 4.0 (25 GB/s), 230 ms over a
+    0.5 GB/s link."""
+    data = load_scenario("customer-service").model_dump(mode="json")
+    data["workload"] |= {
+        "num_requests": 600,
+        "arrival": {"kind": "poisson", "rate": 1.0},
+        "input_tokens": {"kind": "fixed", "value": 2200},
+        "shared_prefix": {"tokens": 2048, "prompts": 100},
+    }
+    workload = Scenario.model_validate(data).workload
+    runner = SimRunner(engine="vllm", hardware=host_profile(bandwidth_gbs))
+    config = KNOBS | {"batch_size": 32, "quantization": "w8a8", "prefix_caching": True}
+    without, with_host = (runner.run(config | {"kv_host_gb": gb}, workload) for gb in (0, 16))
+    assert without.extra["prefix_evictions"] > 300  # memory binds
+    assert with_host.extra["prefix_reloads"] > 300 and with_host.extra["host_drops"] == 0
+    mean = {
+        name: float(np.mean(ttft_s(m))) for name, m in (("without", without), ("with", with_host))
+    }
+    print(bandwidth_gbs, mean)
+    if bandwidth_gbs > 1:
+        assert mean["with"] < 0.7 * mean["without"]
+    else:
+        assert mean["with"] > 1.5 * mean["without"]
+
+
+def test_the_host_tier_in_each_engine_s_words_and_where_it_cannot_run(tmp_path):
+    assert render("vllm", {"kv_host_gb": 16.0})["args"] == ["--kv-offloading-size", "16"]
+    assert render("vllm", {"kv_host_gb": 0.0}) == {}
+    assert render("llamacpp", {"kv_host_gb": 16.0})["args"] == ["--cache-ram", "16384"]
+    assert "kv_host_gb" not in SearchSpace.load("mindie").ranges  # MindIE: not expressed
+    shared = with_prefix(load_scenario("customer-service"), tokens=64).workload
+    vllm = SearchSpace.load("vllm").fit_workload(shared)
+    assert vllm.ranges["kv_host_gb"].listed() == [0.0, 16.0, 64.0]
+    # A profile that states no host tier drops it, with the reason.
+    on_l40s = SimRunner(engine="vllm", hardware="l40s").adapt(vllm)
+    assert "kv_host_gb" not in on_l40s.ranges
+    assert any("l40s states no host tier" in note for note in on_l40s.notes)
+    # Host-tier blocks are found through the prefix cache only.
+    assert SimRunner(engine="vllm").violations(
+        KNOBS | {"kv_host_gb": 16.0, "prefix_caching": False}, shared
+    ) == ["kv_host_gb needs prefix_caching: the host tier is read through it"]

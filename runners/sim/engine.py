@@ -25,6 +25,7 @@ import numpy as np
 
 from runners.load.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
 from runners.load.workload import NO_PREFIX, Requests
+from runners.sim.admission import Admission
 from runners.sim.costs import CostModel
 from runners.sim.prefix_cache import PrefixCache
 from runners.sim.scheduler import Scheduler, TraceStep
@@ -39,7 +40,7 @@ class _Due(NamedTuple):
     version: int
 
 
-class Simulation:
+class Simulation(Admission):
     def __init__(
         self,
         cost: CostModel,
@@ -72,6 +73,7 @@ class Simulation:
         self.prefix_cache = prefix_cache
         self.prefix = [NO_PREFIX] * planned if requests.prefix is None else requests.prefix.tolist()
         self.cached = [0] * planned  # prompt tokens it found in the prefix cache (0: none)
+        self.reload_s = 0.0  # host-tier reloads the next step waits for
         self.version = [0] * planned  # invalidates heap entries of a preempted request
         self.total_blocks = self.free_blocks = kv_blocks
         self.peak_used = 0
@@ -121,46 +123,6 @@ class Simulation:
             self._arrive(self.next_arrival, float(arrivals[self.next_arrival]))
 
     # --- KV blocks ------------------------------------------------------------------------
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_tokens)
-
-    def _take(self, blocks: int) -> None:
-        self.free_blocks -= blocks
-        # Cached blocks no request uses are free to take back (as vLLM counts its KV usage).
-        idle = 0 if self.prefix_cache is None else self.prefix_cache.idle_blocks
-        self.peak_used = max(self.peak_used, self.total_blocks - self.free_blocks - idle)
-
-    def _free_up(self, blocks: int) -> bool:
-        """Evict idle cached prefixes until `blocks` are free; whether they are."""
-        while self.free_blocks < blocks and self.prefix_cache is not None:
-            freed = self.prefix_cache.evict()
-            if not freed:
-                break
-            self.free_blocks += freed
-        return self.free_blocks >= blocks
-
-    def _acquire_prefix(self, request: int) -> int:
-        """The prompt tokens an admitted request finds in the prefix cache."""
-        prefix = self.prefix[request]
-        if self.prefix_cache is not None and prefix != NO_PREFIX:
-            self.cached[request] = self.prefix_cache.acquire(prefix)
-        return self.cached[request]
-
-    def _release_prefix(self, request: int) -> None:
-        if self.cached[request]:
-            self.prefix_cache.release(self.prefix[request])  # type: ignore[union-attr]
-            self.cached[request] = 0
-
-    def _cache_prefix(self, request: int) -> None:
-        """A request that computed its prefix hands those blocks to the cache."""
-        cache, prefix = self.prefix_cache, self.prefix[request]
-        if cache is None or prefix == NO_PREFIX or self.cached[request]:
-            return
-        if cache.can_insert(prefix) and self.blocks[request] > cache.blocks:
-            cache.insert(prefix)
-            self.blocks[request] -= cache.blocks
-            self.cached[request] = cache.tokens
-
     def _preempt_last(self) -> None:
         """Recompute policy: the newest request gives back its blocks and waits at the front."""
         self.stats["preemptions"] += 1
@@ -253,46 +215,12 @@ class Simulation:
             self._finish(request)
 
     # --- steps ----------------------------------------------------------------------------
-    def _pick_prefills(
-        self, budget: float, seats: int, limit: int, alone_ok: bool = True
-    ) -> list[int]:
-        batch: list[int] = []
-        tokens = 0
-        while self.waiting and len(batch) < min(seats, limit):
-            request = self.waiting[0]
-            computed = self.prompt[request] - self._acquire_prefix(request)
-            need = self._blocks_for(computed + 1)
-            # A preempted request recomputes its prompt and what it generated, which may exceed
-            # the budget: it then runs alone (when the step has room for it) rather than block
-            # the queue.
-            over = tokens + computed > budget
-            if (over and (batch or not alone_ok)) or not self._free_up(need):
-                self._release_prefix(request)
-                break
-            self.waiting.popleft()
-            self._take(need)
-            self.blocks[request] = need
-            batch.append(request)
-            tokens += computed
-            if self.prefix[request] != NO_PREFIX and self.prefix_cache is not None:
-                self.stats["prefix_lookups"] += 1
-                self.stats["prefix_hits"] += self.cached[request] > 0
-        return batch
-
-    def _prefill_work(self, batch: list[int]) -> tuple[int, float, int]:
-        """Prompt tokens computed, the attention pairs they form, and the cached tokens read."""
-        tokens = pairs = prefix = 0
-        for i in batch:
-            prompt, cached = self.prompt[i], self.cached[i]
-            tokens += prompt - cached
-            pairs += prompt * (prompt + 1) / 2 - cached * (cached + 1) / 2
-            prefix += cached
-        return tokens, pairs, prefix
-
     def _advance(
         self, seconds: float, decodes: bool, prefill_seqs: int = 0, prefill_tokens: int = 0
     ) -> None:
-        self.now += seconds
+        # A step that admitted a prefix from the host tier waits for its blocks first.
+        self.now += seconds + self.reload_s
+        self.reload_s = 0.0
         stats = self.stats
         stats["steps"] += 1
         decoding = len(self.decoding)
@@ -339,7 +267,8 @@ class Simulation:
         for i in self._pick_prefills(math.inf, seats, seats):
             self.prefilling[i] = self.cached[i]
         chunks: list[tuple[int, int]] = []  # (request, its prompt tokens this step)
-        tokens = pairs = prefix = 0
+        tokens = prefix = 0
+        pairs = 0.0
         for i, prefilled in self.prefilling.items():
             if budget <= 0:
                 break

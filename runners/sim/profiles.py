@@ -128,6 +128,15 @@ class KVLink(BaseModel):
     inter_node: LinkFigures
 
 
+class HostTier(BaseModel):
+    """Host memory a chip's KV cache may move blocks to, and the link it moves them over."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_gb: Figure  # host DRAM one chip's engine may fill with KV blocks
+    link: LinkFigures  # device <-> host, per direction
+
+
 class HardwareProfile(BaseModel):
     """One accelerator. Every figure says whether it was measured, assumed or calibrated."""
 
@@ -161,6 +170,8 @@ class HardwareProfile(BaseModel):
 
     # What KV transfers between chips go over; None: no disaggregated deployment on it.
     kv_link: KVLink | None = None
+    # Where evicted KV blocks can wait in host memory; None: no host tier on it.
+    host: HostTier | None = None
 
     @field_validator("mfu", "mbu")
     @classmethod

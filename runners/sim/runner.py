@@ -13,7 +13,7 @@ from runners.load.measurement import Fault, Measurement
 from runners.sim.costs import CostModel
 from runners.sim.disaggregated import FIRST_TOKEN_FROM, DisaggregatedSession, Fleet
 from runners.sim.engine import Simulation
-from runners.sim.prefix_cache import PrefixCache
+from runners.sim.prefix_cache import HostTier, PrefixCache
 from runners.sim.profiles import (
     Figure,
     HardwareProfile,
@@ -103,6 +103,7 @@ class SimRunner:
     def adapt(self, space: SearchSpace) -> SearchSpace:
         # The simulator runs every knob value; the chip budget decides the deployments.
         hardware = self.hardware
+        space = self._fit_host_tier(space)
         return with_deployment(
             space,
             self.chips,
@@ -110,6 +111,28 @@ class SimRunner:
             hardware.name,
             hardware.kv_link is not None,
         )
+
+    def _fit_host_tier(self, space: SearchSpace) -> SearchSpace:
+        """kv_host_gb only where the profile states a host tier, and within its memory."""
+        spec, hardware = space.ranges.get("kv_host_gb"), self.hardware
+        if spec is None:
+            return space
+        where = f"{space.source}: knobs.kv_host_gb"
+        if hardware.host is None:
+            if "kv_host_gb" in space.user_set:
+                raise InputError(
+                    f"{where}: {hardware.name} states no host tier (hardware profile: host); "
+                    "give one in a --hardware file or leave the knob out"
+                )
+            return space.drop("kv_host_gb", f"{hardware.name} states no host tier")
+        largest = max(spec.listed() or [spec.high])
+        memory = hardware.host.memory_gb.value
+        if largest > memory:
+            raise InputError(
+                f"{where}: {largest:g} GB is more than {hardware.name}'s host memory for one "
+                f"chip ({memory:g} GB, hardware profile host.memory_gb)"
+            )
+        return space
 
     def batch_ceiling(self, space: SearchSpace, workload: Workload) -> tuple[int, str] | None:
         """Beyond the sequences the KV cache holds, batch slots stay empty: the ceiling is what
@@ -270,6 +293,7 @@ class _SimSession:
         self.blocks = self.cost.kv_capacity_tokens(config["max_prefill_tokens"]) // self.block
         self.replicas = runner.chips  # co-located: one replica per chip
         self.prefix_caching = bool(config["prefix_caching"])
+        self.host_tier = _host_tier(runner, self.cost, float(config.get("kv_host_gb") or 0))
         self.extra: dict[str, Any] = {}
 
     def measure(
@@ -279,9 +303,22 @@ class _SimSession:
         requests = replica_requests(workload, self.replicas)
         cache = None
         if self.prefix_caching and requests.prefix_tokens:
-            cache = PrefixCache(requests.prefix_tokens, self.block)
+            cache = PrefixCache(requests.prefix_tokens, self.block, self.host_tier)
         sim = Simulation(self.cost, self.scheduler, requests, self.blocks, self.block, bound, cache)
         try:
             return sim.run()
         except RuntimeError as error:  # a simulator fault is the trial's, never the study's
             return Measurement.failed(Fault("error", f"simulator: {error}"))
+
+
+def _host_tier(runner: SimRunner, cost: CostModel, gigabytes: float) -> HostTier | None:
+    """The config's host tier in blocks of this KV cache, and the link's time per block."""
+    host = runner.hardware.host
+    if not gigabytes or host is None:
+        return None
+    block_bytes = runner.hardware.kv_block_tokens * cost.kv_bytes_per_token
+    return HostTier(
+        blocks=int(gigabytes * 1e9 // block_bytes),
+        block_seconds=block_bytes / (host.link.bandwidth_gbs.value * 1e9),
+        latency_s=host.link.latency_ms.value / 1000,
+    )

@@ -1,0 +1,120 @@
+"""How the engine simulation admits waiting requests: the prompts a step takes within its token
+budget, seats and free KV blocks, and through a prefix cache (runners.sim.prefix_cache) what
+each finds cached, on the device or in the host tier, what it computes, and the blocks it
+hands to the cache. A mixin of runners.sim.engine.Simulation, whose state it reads."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from runners.load.workload import NO_PREFIX
+from runners.sim.prefix_cache import PrefixCache
+
+
+class Admission:
+    waiting: deque[int]
+    stats: dict[str, int]
+    reload_s: float
+    prefix_cache: PrefixCache | None
+    prefix: list[int]
+    cached: list[int]
+    blocks: list[int]
+    prompt: list[int]
+    free_blocks: int
+    total_blocks: int
+    peak_used: int
+    block_tokens: int
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_tokens)
+
+    def _take(self, blocks: int) -> None:
+        self.free_blocks -= blocks
+        # Cached blocks no request uses are free to take back (as vLLM counts its KV usage).
+        idle = 0 if self.prefix_cache is None else self.prefix_cache.idle_blocks
+        self.peak_used = max(self.peak_used, self.total_blocks - self.free_blocks - idle)
+
+    def _free_up(self, blocks: int) -> bool:
+        """Evict idle cached prefixes until `blocks` are free; whether they are."""
+        while self.free_blocks < blocks and self.prefix_cache is not None:
+            freed = self.prefix_cache.evict()
+            if not freed:
+                break
+            self.free_blocks += freed
+        return self.free_blocks >= blocks
+
+    def _acquire_prefix(self, request: int) -> tuple[int, float | None]:
+        """The prompt tokens an admitted request finds cached, and the seconds to reload them
+        from the host tier (None: found on the device, or not at all)."""
+        cache, prefix = self.prefix_cache, self.prefix[request]
+        if cache is None or prefix == NO_PREFIX:
+            return 0, None
+        self.cached[request] = cache.acquire(prefix)
+        if self.cached[request]:
+            return self.cached[request], None
+        reload_s = cache.take_from_host(prefix)
+        return (0, None) if reload_s is None else (cache.tokens, reload_s)
+
+    def _release_prefix(self, request: int) -> None:
+        if self.cached[request]:
+            self.prefix_cache.release(self.prefix[request])  # type: ignore[union-attr]
+            self.cached[request] = 0
+
+    def _cache_prefix(self, request: int) -> None:
+        """A request that computed its prefix hands those blocks to the cache."""
+        cache, prefix = self.prefix_cache, self.prefix[request]
+        if cache is None or prefix == NO_PREFIX or self.cached[request]:
+            return
+        if cache.can_insert(prefix) and self.blocks[request] > cache.blocks:
+            cache.insert(prefix)
+            self.blocks[request] -= cache.blocks
+            self.cached[request] = cache.tokens
+
+    def _prefill_work(self, batch: list[int]) -> tuple[int, float, int]:
+        """Prompt tokens computed, the attention pairs they form, and the cached tokens read."""
+        tokens = prefix = 0
+        pairs = 0.0
+        for i in batch:
+            prompt, cached = self.prompt[i], self.cached[i]
+            tokens += prompt - cached
+            pairs += prompt * (prompt + 1) / 2 - cached * (cached + 1) / 2
+            prefix += cached
+        return tokens, pairs, prefix
+
+    def _pick_prefills(
+        self, budget: float, seats: int, limit: int, alone_ok: bool = True
+    ) -> list[int]:
+        batch: list[int] = []
+        tokens = 0
+        while self.waiting and len(batch) < min(seats, limit):
+            request = self.waiting[0]
+            found, reload_s = self._acquire_prefix(request)
+            computed = self.prompt[request] - found
+            reloaded = self.prefix_cache.blocks if reload_s is not None else 0  # type: ignore[union-attr]
+            need = self._blocks_for(computed + 1) + reloaded
+            # A preempted request recomputes its prompt and what it generated, which may exceed
+            # the budget: it then runs alone (when the step has room for it) rather than block
+            # the queue.
+            over = tokens + computed > budget
+            if (over and (batch or not alone_ok)) or not self._free_up(need):
+                self._release_prefix(request)
+                if reload_s is not None:
+                    self.prefix_cache.return_to_host(self.prefix[request])  # type: ignore[union-attr]
+                break
+            self.waiting.popleft()
+            self._take(need)
+            self.blocks[request] = need
+            if reload_s is not None:  # the reloaded blocks are the cache's, used by it
+                cache = self.prefix_cache
+                assert cache is not None, "only a cache reloads"
+                cache.insert(self.prefix[request])
+                cache.count_reload()
+                self.blocks[request] -= reloaded
+                self.cached[request] = found
+                self.reload_s += reload_s
+            batch.append(request)
+            tokens += computed
+            if self.prefix[request] != NO_PREFIX and self.prefix_cache is not None:
+                self.stats["prefix_lookups"] += 1
+                self.stats["prefix_hits"] += found > 0
+        return batch
