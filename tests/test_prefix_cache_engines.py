@@ -15,6 +15,7 @@ import numpy as np
 
 from objectives.scenario import Scenario
 from runners.engines.vllm import VLLMRunner
+from search_spaces.space import SearchSpace
 from testing.engines import engine_scenario, vllm_settings
 from tests.test_runner_llamacpp import make_runner
 
@@ -142,6 +143,8 @@ def test_vllm_cpu_refuses_a_host_tier_and_the_trial_says_why(vllm_python, tiny_m
         assert m.fault is not None
         if hardware == "cpu":
             assert m.fault.kind == "infeasible" and "no KV host tier" in m.fault.message
+            space = runner.adapt(SearchSpace.load("vllm").fit_workload(scenario.workload))
+            assert "kv_host_gb" not in space.ranges  # not searched there at all
             assert not (tmp_path / hardware).exists() or not any((tmp_path / hardware).iterdir())
         else:
             assert m.fault.kind == "start"
