@@ -244,6 +244,7 @@ def test_scenarios_lists_presets(tmp_path: Path):
         "content-generation",
         "document-summary",
         "code-generation",
+        "customer-service-burst",
     ):
         assert name in result.stdout
 
