@@ -212,7 +212,7 @@ def test_the_space_searches_prefix_caching_only_where_prompts_share_a_prefix(tmp
 
 
 def test_the_host_tier_keeps_what_the_device_evicts_and_drops_its_oldest_when_full():
-    host = HostTier(blocks=4, block_seconds=0.001, latency_s=0.0005)
+    host = HostTier(blocks=4, block_seconds=0.001, latency_s=0.0005, block_bytes=1e6)
     cache = PrefixCache(prefix_tokens=256, block_tokens=128, host=host)  # 2 blocks a prefix
     for prefix in (1, 2, 3):
         cache.insert(prefix)
@@ -222,6 +222,9 @@ def test_the_host_tier_keeps_what_the_device_evicts_and_drops_its_oldest_when_fu
     assert cache.take_from_host(1) is None  # the oldest went
     assert cache.take_from_host(3) == pytest.approx(0.0005 + 2 * 0.001)
     assert cache.take_from_host(3) is None  # taken: it is the device's again
+    cache.count_reload()
+    assert cache.stats["kv_offloaded_gb"] == pytest.approx(0.006)  # 3 x 2 blocks of 1 MB
+    assert cache.stats["kv_reloaded_gb"] == pytest.approx(0.002)
 
 
 def host_profile(bandwidth_gbs: float):

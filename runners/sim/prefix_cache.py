@@ -26,6 +26,7 @@ class HostTier:
     blocks: int  # blocks host memory holds
     block_seconds: float  # one block over the host link
     latency_s: float  # per reload
+    block_bytes: float
 
 
 class PrefixCache:
@@ -37,9 +38,10 @@ class PrefixCache:
         self.host_tier = host
         self.host_slots = host.blocks // self.blocks if host is not None and self.blocks else 0
         self.host: OrderedDict[int, None] = OrderedDict()  # offloaded, least recently used first
-        self.stats = {"prefix_evictions": 0}
+        self.stats: dict[str, float] = {"prefix_evictions": 0}
         if self.host_slots:
             self.stats |= {"prefix_offloads": 0, "prefix_reloads": 0, "host_drops": 0}
+            self.stats |= {"kv_offloaded_gb": 0.0, "kv_reloaded_gb": 0.0}
 
     @property
     def idle_blocks(self) -> int:
@@ -79,6 +81,7 @@ class PrefixCache:
         if self.host_slots:
             self.host[prefix] = None
             self.stats["prefix_offloads"] += 1
+            self.stats["kv_offloaded_gb"] += self._gigabytes()
             if len(self.host) > self.host_slots:
                 self.host.popitem(last=False)
                 self.stats["host_drops"] += 1
@@ -98,3 +101,8 @@ class PrefixCache:
 
     def count_reload(self) -> None:
         self.stats["prefix_reloads"] += 1
+        self.stats["kv_reloaded_gb"] += self._gigabytes()
+
+    def _gigabytes(self) -> float:
+        assert self.host_tier is not None, "only a host tier moves bytes"
+        return self.blocks * self.host_tier.block_bytes / 1e9

@@ -321,4 +321,5 @@ def _host_tier(runner: SimRunner, cost: CostModel, gigabytes: float) -> HostTier
         blocks=int(gigabytes * 1e9 // block_bytes),
         block_seconds=block_bytes / (host.link.bandwidth_gbs.value * 1e9),
         latency_s=host.link.latency_ms.value / 1000,
+        block_bytes=block_bytes,
     )
