@@ -49,6 +49,9 @@ def roles(config: dict[str, Any]) -> Roles:
 def role_config(config: dict[str, Any], role: str) -> dict[str, Any]:
     """The single-instance knobs one role's servers run with."""
     base = {k: v for k, v in config.items() if k not in DEPLOYMENT_KNOBS}
+    # A role's KV connector is the hand-over between roles: a host tier would replace it
+    # (vLLM's --kv-offloading-size sets its own connector), so roles run without one.
+    base.pop("kv_host_gb", None)
     if role == "prefill":
         batch = int(config["prefill_batch_size"])
         # A prefill-only server has nothing to decode: it takes prompts as they come.
@@ -58,6 +61,13 @@ def role_config(config: dict[str, Any], role: str) -> dict[str, Any]:
             "select_batch": "prefill-first",
         }
     return base
+
+
+def co_located_only(config: dict[str, Any]) -> list[str]:
+    """Why a disaggregated config sets a knob its roles run without (role_config)."""
+    if config.get("kv_host_gb"):
+        return ["kv_host_gb applies to co-located replicas: a role's KV connector is the hand-over"]
+    return []
 
 
 def deployment_label(config: dict[str, Any]) -> str | None:

@@ -214,7 +214,7 @@ KNOBS: dict[str, Knob] = {
         Knob(
             "kv_host_gb",
             "float",
-            "host memory evicted prefix blocks move to, and are reloaded from (0: none)",
+            "GiB of host memory evicted prefix blocks move to and are reloaded from (0: none)",
             limits=(0.0, 100_000.0),
             # MindIE's DRAM pool (kvPoolConfig) names a backend autotune cannot verify, and its
             # cpuMemSize is swap space for preemption, not a cache tier: not expressed.

@@ -222,7 +222,7 @@ class SearchSpace:
         every value measures alike, and trials spent on it are lost), and max_prefill_tokens'
         floor at the longest prompt (below it no prompt could start)."""
         space = self
-        if workload.shared_prefix is None:
+        if workload.shared_prefix is None or workload.shared_prefix.share == 0:
             for name in PREFIX_KNOBS:
                 if name not in self.user_set:
                     space = space.drop(name, "the workload's prompts share no prefix")

@@ -143,7 +143,23 @@ CASES = {
             "--space",
             _write(tmp / "space.yaml", "knobs:\n  kv_host_gb: {value: 500}\n"),
         ],
-        "knobs.kv_host_gb: 500 GB is more than ascend-910b2's host memory for one chip (96 GB",
+        "knobs.kv_host_gb: 500 GiB is more than ascend-910b2's host memory for one chip (96 GB",
+    ),
+    "burst on a chip budget": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: (
+                    d["workload"].update(burst={"after": 50, "requests": 50, "multiple": 3.0}),
+                    d.update(load={"mode": "fixed"}),
+                ),
+            ),
+            "--chips",
+            "4",
+        ],
+        "--chips: a burst (workload.burst of --scenario",
     ),
     "shared prefix share above 1": (
         lambda tmp, sc: [

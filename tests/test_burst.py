@@ -66,9 +66,27 @@ def test_recovery_is_the_first_request_on_time_after_which_the_bound_holds():
     assert m["burst_recovery_s"] == 4.0  # request 9 sent at 9 s, the burst's last at 5 s
     assert m["burst_recovered"] is True
     assert m["burst_ttft_samples"] == 4 and m["burst_failed"] == 0
-    # The p99's allowance: one late request among the 200 after it is no relapse.
-    ttft[150] = 5.0
+    # The p99's allowance: one late request among the 100 from it on is no relapse; two are.
+    ttft[50] = 5.0
     assert burst_metrics(hand_made(ttft), SLA_1S, FOUR)["burst_recovery_s"] == 4.0
+    ttft[60] = 5.0  # the first 100 that hold it start at 51: 46 s after the burst's end
+    assert burst_metrics(hand_made(ttft), SLA_1S, FOUR)["burst_recovery_s"] == 46.0
+
+
+def test_a_bound_that_held_after_the_burst_recovers_at_once():
+    m = burst_metrics(hand_made([0.1, 0.1, 0.5, 0.9, 0.8, 0.7] + [0.2] * 50), SLA_1S, FOUR)
+    assert m["burst_recovery_s"] == 0.0 and m["burst_ttft_p99_ms"] == pytest.approx(897, abs=1)
+
+
+def test_failed_burst_requests_count_as_the_latest():
+    """3 of the burst's 4 requests failed: its p99 is no figure (the failures are the latest),
+    whatever the one that succeeded took."""
+    ok = [True, True, True, False, False, False] + [True] * 50
+    m = burst_metrics(hand_made([0.1] * 56, ok=ok), SLA_1S, FOUR)
+    assert m["burst_failed"] == 3 and m["burst_ttft_p99_ms"] is None
+    sla = SLA(ttft_p99_ms=1000, burst_ttft_p99_ms=2000)
+    constraints = constraint_values({"ttft_p99_ms": 100.0, "success_rate": 1.0} | m, sla)
+    assert constraints["burst_ttft_p99"] > 0
 
 
 def test_a_queue_that_never_drains_never_recovers():

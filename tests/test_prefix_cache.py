@@ -219,9 +219,9 @@ def test_the_host_tier_keeps_what_the_device_evicts_and_drops_its_oldest_when_fu
         cache.release(prefix)
     assert [cache.evict() for _ in range(3)] == [2, 2, 2]
     assert cache.stats["prefix_offloads"] == 3 and cache.stats["host_drops"] == 1  # 2 fit
-    assert cache.take_from_host(1) is None  # the oldest went
-    assert cache.take_from_host(3) == pytest.approx(0.0005 + 2 * 0.001)
-    assert cache.take_from_host(3) is None  # taken: it is the device's again
+    assert cache.reload_seconds(1) is None and not cache.take_from_host(1)  # the oldest went
+    assert cache.reload_seconds(3) == pytest.approx(0.0005 + 2 * 0.001)
+    assert cache.take_from_host(3) and cache.reload_seconds(3) is None  # the device's again
     cache.count_reload()
     assert cache.stats["kv_offloaded_gb"] == pytest.approx(0.006)  # 3 x 2 blocks of 1 MB
     assert cache.stats["kv_reloaded_gb"] == pytest.approx(0.002)
@@ -286,6 +286,14 @@ def test_the_host_tier_in_each_engine_s_words_and_where_it_cannot_run(tmp_path):
     on_l40s = SimRunner(engine="vllm", hardware="l40s").adapt(vllm)
     assert "kv_host_gb" not in on_l40s.ranges
     assert any("l40s states no host tier" in note for note in on_l40s.notes)
+    # Not for a disaggregated deployment's roles, nor where no prompt shares its prefix.
+    pd = KNOBS | {"kv_host_gb": 16.0, "deployment": "disaggregated", "prefill_instances": 1}
+    pd |= {"decode_instances": 1, "prefill_batch_size": 8}
+    pd |= {"prefill_memory_share": 0.8, "decode_memory_share": 0.8}
+    reasons = SimRunner(engine="vllm", chips=2).violations(pd, shared)
+    assert reasons[0].startswith("kv_host_gb applies to co-located replicas")
+    unshared = with_prefix(load_scenario("customer-service"), tokens=64, share=0.0).workload
+    assert "kv_host_gb" not in SearchSpace.load("vllm").fit_workload(unshared).ranges
     # Host-tier blocks are found through the prefix cache only.
     assert SimRunner(engine="vllm").violations(
         KNOBS | {"kv_host_gb": 16.0, "prefix_caching": False}, shared

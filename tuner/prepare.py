@@ -141,6 +141,11 @@ def prepare(
     space = SearchSpace.load(runner.engine, space_path).fit_workload(
         chosen.workload, f"--scenario {scenario}"
     )
+    if chips > 1 and chosen.workload.burst is not None:
+        raise InputError(
+            f"--chips: a burst (workload.burst of --scenario {scenario}) is measured on one "
+            "chip's load only; run it without --chips"
+        )
     if chips > 1 and chosen.closed_loop and runner.name == "sim":
         why = "the simulator runs a disaggregated deployment under open-loop arrivals only"
         space = space.restrict("deployment", ["co-located"], why)

@@ -24,7 +24,12 @@ from runners.engines.served import SERVED_NAME, Launch, ServedRunner, special_to
 from runners.engines.vllm_pd import disaggregated_session
 from runners.engines.vllm_settings import VLLMSettings
 from runners.quality.logprob import TOP_K
-from search_spaces.deployment import is_disaggregated, role_config, with_deployment
+from search_spaces.deployment import (
+    co_located_only,
+    is_disaggregated,
+    role_config,
+    with_deployment,
+)
 from search_spaces.engines import violations, vllm_args
 from search_spaces.space import SearchSpace
 
@@ -77,7 +82,7 @@ class VLLMRunner(ServedRunner):
             return [NO_HOST_TIER_ON_CPU]
         if not is_disaggregated(config):
             return violations("vllm", config, workload)
-        return [
+        return co_located_only(config) + [
             f"{role} instances: {reason}"
             for role in ("prefill", "decode")
             for reason in violations("vllm", role_config(config, role), workload)

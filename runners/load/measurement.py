@@ -41,12 +41,14 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   and decode chips: all of them over the decode instances), so deployments of
   different sizes compare (DistServe's per-GPU goodput).
 - burst (a workload's `burst`, requests `after`..`after + requests - 1`): burst TTFT p99 over
-  its successful requests (all of them: the burst is judged whole, wherever the warm-up
-  ends), the burst's failed requests, and the
+  all its requests, a failed one counting as the latest (the burst is judged whole, wherever
+  the warm-up ends; None when the p99 reads a failed one), the burst's failed requests, and the
   recovery: from the burst's last send to the send of the first later request that met the
-  TTFT bound and after which at most 1% of the requests (the p99's allowance) failed or missed
-  it; None (`burst_recovered` false) when no such request came before the test ended: the
-  queue the burst left never drained, an avalanche.
+  TTFT bound and of which, with the RECOVERY_WINDOW (100) requests from it on (fewer where the
+  test ends), at most 1% failed or missed it; 0 when none after the burst missed it; None
+  (`burst_recovered` false) when no such request came before the test ended: the queue the
+  burst left never drained, an avalanche. The steady TTFT percentiles leave the burst's
+  requests out (the burst has its own bound); TPOT, E2EL and throughput keep them.
 Percentiles use numpy's linear interpolation over successful requests and always carry the
 number of samples they stand on; a p99 from fewer than 100 samples is flagged.
 """
@@ -206,26 +208,48 @@ def delivered(m: Measurement) -> tuple[float, float] | None:
     return offered / m.chips, (offered - growth) / m.chips
 
 
-RECOVERED_LATE_SHARE = 0.01  # the p99's allowance: late requests after a recovery
+# A recovery holds for the next RECOVERY_WINDOW requests (fewer where the test ends first) with
+# at most 1% of them late: the p99's allowance, over as many requests as a p99 needs.
+RECOVERY_WINDOW = P99_MIN_SAMPLES
+RECOVERED_LATE_SHARE = 0.01
+
+
+def in_burst(m: Measurement, burst: Burst | None) -> np.ndarray:
+    """Per request sent, whether the burst sent it."""
+    mask = np.zeros(m.sent, bool)
+    if burst is not None:
+        first, end = burst.indices()
+        mask[first:end] = True
+    return mask
 
 
 def burst_metrics(m: Measurement, sla: SLA, burst: Burst) -> dict[str, Any]:
     """The burst's TTFT p99, failures and recovery (the module's definitions)."""
     first, end = burst.indices()
-    ok = m.ok.astype(bool)
+    # A failed request never got its first token: it counts as the latest of all.
     ttft = m.first_token_s - m.send_s
-    inside = np.arange(first, min(end, m.sent))
-    metrics = _percentiles("burst_ttft", ttft[inside[ok[inside]]], (99,))
-    metrics["burst_failed"] = int((~ok[inside]).sum())
-    after = np.arange(end, m.sent)
+    ttft = np.where(m.ok.astype(bool) & ~np.isnan(ttft), ttft, np.inf)
+    inside = ttft[first : min(end, m.sent)]
+    ranked = np.sort(inside)
+    # numpy's linear p99 reads the two samples about it: a failed one among them leaves none.
+    at = 0.99 * (ranked.size - 1)
+    p99 = None
+    if ranked.size and math.isfinite(ranked[math.ceil(at)]):
+        p99 = float(np.percentile(ranked, 99)) * 1000
+    metrics: dict[str, Any] = {
+        "burst_ttft_samples": int(inside.size),
+        "burst_ttft_p99_ms": p99,
+        "burst_failed": int(np.isinf(inside).sum()),
+    }
+    after = ttft[end:]
+    late = after * 1000 > sla.ttft_p99_ms
     recovery: float | None = None
-    if after.size:
-        late = ~ok[after] | (np.nan_to_num(ttft[after], nan=np.inf) * 1000 > sla.ttft_p99_ms)
-        late_from = np.cumsum(late[::-1])[::-1]  # late requests from each one on
-        share_from = late_from / np.arange(after.size, 0, -1)
-        settled = np.flatnonzero(~late & (share_from <= RECOVERED_LATE_SHARE))
-        if settled.size:
-            recovery = float(m.send_s[after[settled[0]]] - m.send_s[end - 1])
+    for i in np.flatnonzero(~late):
+        window = late[i : i + RECOVERY_WINDOW]
+        if window.mean() <= RECOVERED_LATE_SHARE:
+            # None late before it: the bound held straight after the burst.
+            recovery = 0.0 if not late[:i].any() else float(m.send_s[end + i] - m.send_s[end - 1])
+            break
     metrics["burst_recovery_s"] = recovery
     metrics["burst_recovered"] = recovery is not None
     return metrics
@@ -269,13 +293,14 @@ def summarize(m: Measurement, sla: SLA, burst: Burst | None = None) -> dict[str,
     rates = delivered(m)
     metrics["delivered_rps"] = None if rates is None else rates[1]
     metrics["delivered_share"] = None if rates is None else rates[1] / rates[0]
-    metrics |= _percentiles("ttft", ttft, (50, 90, 99))
+    steady_ttft = ttft_all[measured & ~in_burst(m, burst)]  # the burst has its own bound
+    metrics |= _percentiles("ttft", steady_ttft, (50, 90, 99))
     metrics |= _percentiles("tpot", tpot, (50, 99))
     metrics |= _percentiles("e2el", e2el, (50, 99))
     if m.itl_s is not None:
         metrics |= _percentiles("itl", m.itl_s, (50, 99))
-    metrics["p99_low_samples"] = int(ttft.size) < P99_MIN_SAMPLES
-    metrics["ttft_trend"] = ttft_trend(ttft)
+    metrics["p99_low_samples"] = int(steady_ttft.size) < P99_MIN_SAMPLES
+    metrics["ttft_trend"] = ttft_trend(steady_ttft)
     idle_ttft = ttft_all[measured & (in_flight_at_send(m) == 0)]
     metrics["idle_ttft_trend"] = ttft_trend(idle_ttft)
     quarter = idle_ttft.size // 4

@@ -61,7 +61,9 @@ def slowing(metrics: dict[str, Any]) -> bool:
 def unsettled(metrics: dict[str, Any], sla: SLA, meets_sla: bool, margin: float) -> str | None:
     """Why a whole window's verdict could be the accident of its horizon; None when settled."""
     constraints = constraint_values(metrics, sla)
-    percentiles = {name for name in constraints if name not in ("success_rate", "sustained")}
+    # Not percentiles that a longer window could move: a burst load runs once, as written.
+    judged_whole = ("success_rate", "sustained", "burst_ttft_p99", "burst_recovered")
+    percentiles = {name for name in constraints if name not in judged_whole}
     if meets_sla:
         close = [name for name in percentiles if constraints[name] >= -margin]
         trend = metrics.get("ttft_trend")

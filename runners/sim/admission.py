@@ -35,7 +35,11 @@ class Admission:
         self.peak_used = max(self.peak_used, self.total_blocks - self.free_blocks - idle)
 
     def _free_up(self, blocks: int) -> bool:
-        """Evict idle cached prefixes until `blocks` are free; whether they are."""
+        """Evict idle cached prefixes until `blocks` are free, where that is enough; whether
+        they are (as vLLM counts free and evictable blocks before it takes any)."""
+        idle = 0 if self.prefix_cache is None else self.prefix_cache.idle_blocks
+        if self.free_blocks + idle < blocks:
+            return False
         while self.free_blocks < blocks and self.prefix_cache is not None:
             freed = self.prefix_cache.evict()
             if not freed:
@@ -52,7 +56,7 @@ class Admission:
         self.cached[request] = cache.acquire(prefix)
         if self.cached[request]:
             return self.cached[request], None
-        reload_s = cache.take_from_host(prefix)
+        reload_s = cache.reload_seconds(prefix)
         return (0, None) if reload_s is None else (cache.tokens, reload_s)
 
     def _release_prefix(self, request: int) -> None:
@@ -96,10 +100,12 @@ class Admission:
             # the budget: it then runs alone (when the step has room for it) rather than block
             # the queue.
             over = tokens + computed > budget
-            if (over and (batch or not alone_ok)) or not self._free_up(need):
+            admitted = not (over and (batch or not alone_ok)) and self._free_up(need)
+            if admitted and reload_s is not None:
+                # The evictions that made room may have pushed it out of a full host tier.
+                admitted = self.prefix_cache.take_from_host(self.prefix[request])  # type: ignore[union-attr]
+            if not admitted:
                 self._release_prefix(request)
-                if reload_s is not None:
-                    self.prefix_cache.return_to_host(self.prefix[request])  # type: ignore[union-attr]
                 break
             self.waiting.popleft()
             self._take(need)

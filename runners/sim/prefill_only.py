@@ -66,8 +66,10 @@ def prefill_ends(
             cached = 0 if shared == NO_PREFIX else cache.acquire(shared)  # type: ignore[union-attr]
             need = -(-(prompt - cached + 1) // block_tokens)
             over = batch and tokens + prompt - cached > budget
-            while not over and need > free and cache is not None and (freed := cache.evict()):
+            idle = 0 if cache is None else cache.idle_blocks
+            while not over and free < need <= free + idle and (freed := cache.evict()):  # type: ignore[union-attr]
                 free += freed
+                idle -= freed
             if over or need > free:
                 if cached:
                     cache.release(shared)  # type: ignore[union-attr]

@@ -87,17 +87,22 @@ class PrefixCache:
                 self.stats["host_drops"] += 1
         return self.blocks
 
-    def take_from_host(self, prefix: int) -> float | None:
-        """Reload a prefix from the host tier: the seconds it takes (None: not there). The
-        caller inserts it once it has the device blocks, or puts it back (`return_to_host`)."""
+    def reload_seconds(self, prefix: int) -> float | None:
+        """What reloading a prefix from the host tier takes (None: not there); it is touched,
+        the most recently used there now."""
         if prefix not in self.host:
             return None
-        del self.host[prefix]
+        self.host.move_to_end(prefix)
         assert self.host_tier is not None, "only a host tier holds prefixes on the host"
         return self.host_tier.latency_s + self.blocks * self.host_tier.block_seconds
 
-    def return_to_host(self, prefix: int) -> None:
-        self.host[prefix] = None
+    def take_from_host(self, prefix: int) -> bool:
+        """The device took the prefix back (the caller inserts it); False when the host
+        dropped it since it was looked up."""
+        if prefix not in self.host:
+            return False
+        del self.host[prefix]
+        return True
 
     def count_reload(self) -> None:
         self.stats["prefix_reloads"] += 1

@@ -24,6 +24,7 @@ from runners.sim.profiles import (
 from runners.sim.router import replica_requests
 from runners.sim.scheduler import Policy, Scheduler
 from search_spaces.deployment import (
+    co_located_only,
     is_disaggregated,
     memory_share,
     role_config,
@@ -50,6 +51,8 @@ DEFAULTS: dict[str, Any] = {  # MindIE's defaults for knobs a search space leave
 # Each engine's own default where a space leaves prefix caching out: vLLM V1 and llama-server
 # turn it on, MindIE's plugin is off unless configured (search_spaces/memory-options.md).
 PREFIX_CACHING_DEFAULT = {"mindie": False, "vllm": True, "llamacpp": True}
+
+GIB = 2**30  # kv_host_gb is in GiB, as vLLM's --kv-offloading-size
 
 BATCH_LIMIT = int((KNOBS["batch_size"].limits or (1, 5000))[1])
 
@@ -127,9 +130,9 @@ class SimRunner:
             return space.drop("kv_host_gb", f"{hardware.name} states no host tier")
         largest = max(spec.listed() or [spec.high])
         memory = hardware.host.memory_gb.value
-        if largest > memory:
+        if largest * GIB > memory * 1e9:
             raise InputError(
-                f"{where}: {largest:g} GB is more than {hardware.name}'s host memory for one "
+                f"{where}: {largest:g} GiB is more than {hardware.name}'s host memory for one "
                 f"chip ({memory:g} GB, hardware profile host.memory_gb)"
             )
         return space
@@ -203,7 +206,7 @@ class SimRunner:
                 "the simulator runs a disaggregated deployment under open-loop arrivals only "
                 "(a closed loop's client couples the prefill and decode instances)"
             ]
-        reasons = []
+        reasons = co_located_only(config)
         for role, longest in (("prefill", workload.longest_prompt + 1), ("decode", None)):
             single = role_config(config, role)
             # Each role's servers are the engine's own: what it refuses of them, the simulator too.
@@ -318,7 +321,7 @@ def _host_tier(runner: SimRunner, cost: CostModel, gigabytes: float) -> HostTier
         return None
     block_bytes = runner.hardware.kv_block_tokens * cost.kv_bytes_per_token
     return HostTier(
-        blocks=int(gigabytes * 1e9 // block_bytes),
+        blocks=int(gigabytes * GIB // block_bytes),
         block_seconds=block_bytes / (host.link.bandwidth_gbs.value * 1e9),
         latency_s=host.link.latency_ms.value / 1000,
         block_bytes=block_bytes,
