@@ -530,3 +530,31 @@ def test_screen_sim_runs_only_the_simulators_picks_for_real(
     front = run_autotune("pareto", "--storage", db, "--json", cwd=tmp_path)
     assert front.returncode == 0, front.stderr
     assert json.loads(front.stdout)["study"] == "real"
+
+
+def test_a_port_taken_before_the_engine_binds_it_is_retried_on_another(
+    llama_server, tiny_model, tmp_path, gguf_cache, monkeypatch
+):
+    """The port a trial chose free is taken by the time its engine binds it (in CI an engine
+    of the other test worker took one: "Address already in use"): the start is retried on
+    another port, and the trial measures. The race is forced by handing the runner a port
+    this test holds first."""
+    import runners.engines.served as served
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    ports = iter([taken])
+    monkeypatch.setattr(
+        served, "choose_port", lambda wanted: next(ports, None) or choose_port(None)
+    )
+    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
+    try:
+        with runner.session(GOOD, engine_scenario().workload) as session:
+            m = session.measure(engine_scenario().workload)
+            extra = session.extra  # type: ignore[attr-defined]
+    finally:
+        holder.close()
+    assert m.fault is None and m.ok.all(), m.fault
+    assert extra["port_retries"] == 1 and extra["port"] != taken

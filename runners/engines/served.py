@@ -288,36 +288,43 @@ class ServedRunner:
         if reasons:  # the engine would refuse it: no need to start one to learn that
             yield FailedSession(Fault("infeasible", "; ".join(reasons)))
             return
-        port = choose_port(self.settings.port)
         trial_dir = self.new_trial_dir()
         replicas = self.replicas_for(config)
-        extra: dict[str, Any] = {"engine_log": str(trial_dir / "engine.log"), "port": port}
-        try:
-            # May prepare weights (e.g. a GGUF).
-            launch = self.launch(config, port, trial_dir, workload)
-        except EngineFailed as failure:
-            yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
-            return
-        if launch.base_url is not None:
-            yield EngineSession(self, launch, launch.base_url, None, trial_dir, extra, replicas)
-            return
-        engine = EngineProcess(
-            launch.argv,
-            os.environ | self.settings.env | launch.env,
-            trial_dir / "engine.log",
-            self.settings.stop_grace_s,
-        )
-        with engine:
-            extra["engine_pid"] = engine.pid
+        extra: dict[str, Any] = {"engine_log": str(trial_dir / "engine.log")}
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = extra["port"] = choose_port(self.settings.port)
             try:
-                ready = launch.ready or http_ready(f"http://127.0.0.1:{port}/health")
-                extra["start_s"] = engine.wait_ready(ready, self.settings.ready_timeout_s)
+                # May prepare weights (e.g. a GGUF).
+                launch = self.launch(config, port, trial_dir, workload)
             except EngineFailed as failure:
                 yield FailedSession(Fault(failure.kind, failure.message, failure.log_tail), extra)
                 return
-            url = f"http://127.0.0.1:{port}"
-            yield EngineSession(self, launch, url, engine, trial_dir, extra, replicas)
-            extra["stop_s"] = engine.stop()
+            if launch.base_url is not None:
+                yield EngineSession(self, launch, launch.base_url, None, trial_dir, extra, replicas)
+                return
+            engine = EngineProcess(
+                launch.argv,
+                os.environ | self.settings.env | launch.env,
+                trial_dir / "engine.log",
+                self.settings.stop_grace_s,
+            )
+            with engine:
+                extra["engine_pid"] = engine.pid
+                try:
+                    ready = launch.ready or http_ready(f"http://127.0.0.1:{port}/health")
+                    extra["start_s"] = engine.wait_ready(ready, self.settings.ready_timeout_s)
+                except EngineFailed as failure:
+                    if attempt < PORT_ATTEMPTS and _port_taken(failure.log_tail):
+                        extra["port_retries"] = attempt
+                        continue  # the with block stops this engine first
+                    yield FailedSession(
+                        Fault(failure.kind, failure.message, failure.log_tail), extra
+                    )
+                    return
+                url = f"http://127.0.0.1:{port}"
+                yield EngineSession(self, launch, url, engine, trial_dir, extra, replicas)
+                extra["stop_s"] = engine.stop()
+                return
 
     def run(
         self,
@@ -327,6 +334,16 @@ class ServedRunner:
         stop_early: bool = False,
     ) -> Measurement:
         return run_once(self, config, workload, sla, stop_early)
+
+
+# A free port can be taken between choosing it and the engine binding it (another engine
+# starting beside this one): the start is retried on another port, this many times in all.
+PORT_ATTEMPTS = 3
+_PORT_TAKEN = ("Address already in use", "couldn't bind HTTP server socket")
+
+
+def _port_taken(log_tail: str | None) -> bool:
+    return any(marker in (log_tail or "") for marker in _PORT_TAKEN)
 
 
 class Served(Protocol):
