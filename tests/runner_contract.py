@@ -121,9 +121,12 @@ class RunnerContract:
         assert metrics["success_rate"] == 1.0
         tokens = int(planned.output_tokens.sum())
         if planned.arrival_s is not None:
-            # Open loop: the planned output cannot all be delivered before the last request arrives.
-            assert metrics["output_tokens_per_s"] <= tokens / np.ptp(planned.arrival_s)
-            assert metrics["requests_per_s"] <= len(planned) / np.ptp(planned.arrival_s)
+            # Open loop: the output cannot all be delivered before the last request is sent. The
+            # span is the one the sends took (on a busy machine the first was sent 7 ms late,
+            # and the planned span then exceeded the run by more than the last answer took).
+            span = float(np.ptp(measured.send_s))
+            assert metrics["output_tokens_per_s"] <= tokens / span
+            assert metrics["requests_per_s"] <= len(planned) / span
         if runner.name != "sim":  # a simulated clock has no relation to the wall clock
             # Everything was delivered within the run the test timed (engine start included).
             assert metrics["output_tokens_per_s"] >= tokens / wall_s
