@@ -177,7 +177,7 @@ class Workload(_Strict):
                 "burst needs an open loop (arrival kind poisson or gamma): a closed loop's "
                 "arrivals follow its completions"
             )
-        end = burst.after + burst.requests
+        end = burst.indices()[1]
         if end >= self.num_requests:
             raise ValueError(
                 f"burst (after {burst.after} + {burst.requests} requests = {end}) must end "

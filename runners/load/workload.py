@@ -53,9 +53,6 @@ class Requests:
     def __len__(self) -> int:
         return int(self.input_tokens.size)
 
-    def prefix_of(self, request: int) -> int:
-        return NO_PREFIX if self.prefix is None else int(self.prefix[request])
-
     def every(self, step: int, arrival_s: np.ndarray | None) -> Requests:
         """Every step-th request (a replica's share), with these arrival times."""
         return Requests(

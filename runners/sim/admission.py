@@ -35,16 +35,10 @@ class Admission:
         self.peak_used = max(self.peak_used, self.total_blocks - self.free_blocks - idle)
 
     def _free_up(self, blocks: int) -> bool:
-        """Evict idle cached prefixes until `blocks` are free, where that is enough; whether
-        they are (as vLLM counts free and evictable blocks before it takes any)."""
-        idle = 0 if self.prefix_cache is None else self.prefix_cache.idle_blocks
-        if self.free_blocks + idle < blocks:
-            return False
-        while self.free_blocks < blocks and self.prefix_cache is not None:
-            freed = self.prefix_cache.evict()
-            if not freed:
-                break
-            self.free_blocks += freed
+        """Make `blocks` free, evicting idle cached prefixes where that is enough; whether
+        they are."""
+        if self.prefix_cache is not None:
+            self.free_blocks += self.prefix_cache.make_room(self.free_blocks, blocks)
         return self.free_blocks >= blocks
 
     def _acquire_prefix(self, request: int) -> tuple[int, float | None]:

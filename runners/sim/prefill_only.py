@@ -66,10 +66,8 @@ def prefill_ends(
             cached = 0 if shared == NO_PREFIX else cache.acquire(shared)  # type: ignore[union-attr]
             need = -(-(prompt - cached + 1) // block_tokens)
             over = batch and tokens + prompt - cached > budget
-            idle = 0 if cache is None else cache.idle_blocks
-            while not over and free < need <= free + idle and (freed := cache.evict()):  # type: ignore[union-attr]
-                free += freed
-                idle -= freed
+            if not over and cache is not None:
+                free += cache.make_room(free, need)
             if over or need > free:
                 if cached:
                     cache.release(shared)  # type: ignore[union-attr]

@@ -70,6 +70,15 @@ class PrefixCache:
         if self.users[prefix] == 0:
             self.idle[prefix] = None  # the most recently used end
 
+    def make_room(self, free: int, need: int) -> int:
+        """Evict idle prefixes until `need` blocks are free, where that is enough (as vLLM
+        counts free and evictable blocks before it takes any): the blocks freed."""
+        freed = 0
+        if free + self.idle_blocks >= need:
+            while free + freed < need:
+                freed += self.evict()
+        return freed
+
     def evict(self) -> int:
         """Drop the least recently used idle prefix from the device (to the host tier where
         there is one): the blocks freed (0 when none is idle)."""

@@ -246,7 +246,7 @@ class SimRunner:
 
     @contextmanager
     def session(self, config: dict[str, Any], workload: Workload) -> Iterator[Session]:
-        config = DEFAULTS | {"prefix_caching": PREFIX_CACHING_DEFAULT[self.engine]} | config
+        config = self._defaults() | config
         reasons = self.violations(config, workload)
         session: Session
         if reasons:
@@ -256,6 +256,10 @@ class SimRunner:
         else:
             session = _SimSession(self, config)
         yield session
+
+    def _defaults(self) -> dict[str, Any]:
+        """What this engine runs for the knobs a search space leaves out."""
+        return DEFAULTS | {"prefix_caching": PREFIX_CACHING_DEFAULT[self.engine]}
 
     def _fleet(self, config: dict[str, Any]) -> Fleet:
         """A disaggregated config's roles as the simulator runs them."""
@@ -275,7 +279,7 @@ class SimRunner:
             self.hardware.kv_block_tokens,
             link.intra_node if counts.chips <= link.chips_per_node else link.inter_node,
             FIRST_TOKEN_FROM[self.engine],
-            bool(config.get("prefix_caching", PREFIX_CACHING_DEFAULT[self.engine])),
+            bool((self._defaults() | config)["prefix_caching"]),
         )
 
     def run(
