@@ -143,10 +143,26 @@ class SharedPrefix(_Strict):
     prompts: Annotated[int, Field(ge=1, le=10_000)] = 1
 
 
+class Sessions(_Strict):
+    """Multi-turn conversations: each session has `turns` turns (a distribution); a turn is sent
+    when the previous one's answer has arrived and the user has thought for an exponential time
+    of mean `think_time_s`; its prompt is the session's whole history (every earlier prompt and
+    answer) and `input_tokens` new tokens, so contexts grow. `num_requests` counts turns (the
+    last session may be cut short). An open loop's rate stays requests per second: sessions
+    start at the rate over the mean turns per session, which by Little's law is the rate turns
+    arrive at; a closed loop's concurrency is the sessions in progress (users, each thinking
+    or waiting for an answer)."""
+
+    turns: LengthDistribution
+    think_time_s: Annotated[float, Field(ge=0, le=3600)] = 5.0
+
+
 class Burst(_Strict):
     """A burst in an open loop: after the first `after` requests, the next `requests` arrive at
     `multiple` times the arrival rate, then the rate returns (a 32 -> 96 burst is multiple 3).
-    Counted in requests, not seconds, so it is the same burst at any rate the load runs at."""
+    Counted in requests, not seconds, so it is the same burst at any rate the load runs at.
+    With sessions it counts sessions (new conversations start that much faster) and the burst's
+    requests are every turn planned between its first and last session's start."""
 
     after: Annotated[int, Field(ge=0)]
     requests: Annotated[int, Field(ge=2)]
@@ -165,6 +181,8 @@ class Workload(_Strict):
     seed: Annotated[int, Field(ge=0)] = 0  # numpy's generators take no negative seed
     # Unset: every prompt is text of its own (no engine serves any of it from a prefix cache).
     shared_prefix: SharedPrefix | None = None
+    # Unset: every request is a conversation of one turn.
+    sessions: Sessions | None = None
     burst: Burst | None = None
 
     @model_validator(mode="after")
@@ -178,6 +196,16 @@ class Workload(_Strict):
                 "arrivals follow its completions"
             )
         end = burst.indices()[1]
+        if self.sessions is not None:
+            fewest = -(-self.num_requests // self.sessions.turns.bounds[1])
+            if end >= fewest:
+                raise ValueError(
+                    f"burst (after {burst.after} + {burst.requests} sessions = {end}) must end "
+                    f"before the test's last session (at least {fewest}: num_requests "
+                    f"{self.num_requests} over at most {self.sessions.turns.bounds[1]} turns "
+                    "each), so that its recovery is measured"
+                )
+            return self
         if end >= self.num_requests:
             raise ValueError(
                 f"burst (after {burst.after} + {burst.requests} requests = {end}) must end "
@@ -189,26 +217,31 @@ class Workload(_Strict):
     @model_validator(mode="after")
     def _prefix_fits(self):
         prefix = self.shared_prefix
-        if prefix is not None and prefix.tokens >= self.longest_prompt:
+        longest_first = self.input_tokens.bounds[1]
+        if prefix is not None and prefix.tokens >= longest_first:
             raise ValueError(
                 f"shared_prefix.tokens ({prefix.tokens}) must be below the longest prompt "
-                f"({self.longest_prompt} tokens, input_tokens' max): the prefix is the start "
+                f"({longest_first} tokens, input_tokens' max): the prefix is the start "
                 "of a prompt"
             )
         return self
 
     @property
     def longest_prompt(self) -> int:
-        return self.input_tokens.bounds[1]
+        """A session's last turn carries every earlier turn's prompt and answer."""
+        return self.longest_request - self.output_tokens.bounds[1]
 
     @property
     def longest_request(self) -> int:
-        return self.input_tokens.bounds[1] + self.output_tokens.bounds[1]
+        turns = 1 if self.sessions is None else self.sessions.turns.bounds[1]
+        return turns * (self.input_tokens.bounds[1] + self.output_tokens.bounds[1])
 
     @property
     def typical_request(self) -> float:
-        """Tokens a typical request holds in the KV cache once it has generated its output."""
-        return self.input_tokens.typical + self.output_tokens.typical
+        """Tokens a typical request holds in the KV cache once it has generated its output (a
+        session's turns hold on average (turns + 1) / 2 turns' worth)."""
+        turns = 1.0 if self.sessions is None else (self.sessions.turns.typical + 1) / 2
+        return turns * (self.input_tokens.typical + self.output_tokens.typical)
 
 
 class SLA(_Strict):

@@ -218,11 +218,13 @@ class SearchSpace:
     def fit_workload(
         self, workload: Workload, scenario_source: str = "the scenario"
     ) -> SearchSpace:
-        """The space for this workload: prefix caching only where prompts share a prefix (else
-        every value measures alike, and trials spent on it are lost), and max_prefill_tokens'
-        floor at the longest prompt (below it no prompt could start)."""
+        """The space for this workload: prefix caching only where prompts share a prefix or a
+        session's turns share its history (else every value measures alike, and trials spent
+        on it are lost), and max_prefill_tokens' floor at the longest prompt (below it no
+        prompt could start)."""
         space = self
-        if workload.shared_prefix is None or workload.shared_prefix.share == 0:
+        shared = workload.shared_prefix is not None and workload.shared_prefix.share > 0
+        if not shared and workload.sessions is None:
             for name in PREFIX_KNOBS:
                 if name not in self.user_set:
                     space = space.drop(name, "the workload's prompts share no prefix")

@@ -135,6 +135,31 @@ class RunnerContract:
         assert 0 < metrics["ttft_p50_ms"] <= metrics["ttft_p99_ms"] < metrics["e2el_p99_ms"]
         assert metrics["p99_low_samples"] == (len(planned) - warmup < 100)
 
+    def test_sessions_are_served_turn_after_turn(self, runner, good_config, workload):
+        """Three-turn conversations: every turn is served, each sent only after its session's
+        previous answer came (and its user thought), carrying that history: its prompt is
+        longer than its own new tokens by at least the previous prompt."""
+        data = workload.model_dump(mode="json")
+        data["num_requests"] = 24
+        data["sessions"] = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": 0.05}
+        sessions = Workload.model_validate(data)
+        planned = make_requests(sessions)
+        plan = planned.sessions
+        assert plan is not None
+        m = runner.run(good_config, sessions)
+        assert m.fault is None and m.ok.all() and m.sent == len(planned), m.fault
+        assert m.planned_index is not None
+        assert sorted(m.planned_index.tolist()) == list(range(len(planned)))
+        assert (np.diff(m.send_s) >= 0).all()  # records in send order
+        row = np.empty(len(planned), np.int64)
+        row[m.planned_index] = np.arange(m.sent)
+        later = np.flatnonzero(plan.previous >= 0)
+        assert later.size >= 12
+        previous = row[plan.previous[later]]
+        assert (m.send_s[row[later]] >= m.finish_s[previous] + plan.think_s[later] - 1e-6).all()
+        recorded = m.input_tokens[row[later]]
+        assert (recorded >= m.input_tokens[previous] + plan.new_tokens[later]).all()
+
     def test_impossible_config_is_a_fault_not_an_exception(
         self, runner, impossible_config, workload
     ):

@@ -161,6 +161,30 @@ CASES = {
         ],
         "--chips: a burst (workload.burst of --scenario",
     ),
+    "sessions of 0 turns": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: d["workload"].update(sessions={"turns": {"kind": "fixed", "value": 0}}),
+            ),
+        ],
+        "workload.sessions.turns.fixed.value",
+    ),
+    "sessions on a chip budget": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: d["workload"].update(sessions={"turns": {"kind": "fixed", "value": 3}}),
+            ),
+            "--chips",
+            "4",
+        ],
+        "--chips: sessions (workload.sessions of --scenario",
+    ),
     "shared prefix share above 1": (
         lambda tmp, sc: [
             "--scenario",

@@ -245,6 +245,7 @@ def test_scenarios_lists_presets(tmp_path: Path):
         "document-summary",
         "code-generation",
         "customer-service-burst",
+        "multi-turn-chat",
     ):
         assert name in result.stdout
 

@@ -221,8 +221,9 @@ def test_the_host_tier_keeps_what_the_device_evicts_and_drops_its_oldest_when_fu
     assert cache.stats["prefix_offloads"] == 3 and cache.stats["host_drops"] == 1  # 2 fit
     assert cache.reload_seconds(1) is None and not cache.take_from_host(1)  # the oldest went
     assert cache.reload_seconds(3) == pytest.approx(0.0005 + 2 * 0.001)
-    assert cache.take_from_host(3) and cache.reload_seconds(3) is None  # the device's again
-    cache.count_reload()
+    entry = cache.take_from_host(3)
+    assert entry is not None and cache.reload_seconds(3) is None  # the device's again
+    cache.count_reload(entry)
     assert cache.stats["kv_offloaded_gb"] == pytest.approx(0.006)  # 3 x 2 blocks of 1 MB
     assert cache.stats["kv_reloaded_gb"] == pytest.approx(0.002)
 

@@ -141,11 +141,12 @@ def prepare(
     space = SearchSpace.load(runner.engine, space_path).fit_workload(
         chosen.workload, f"--scenario {scenario}"
     )
-    if chips > 1 and chosen.workload.burst is not None:
-        raise InputError(
-            f"--chips: a burst (workload.burst of --scenario {scenario}) is measured on one "
-            "chip's load only; run it without --chips"
-        )
+    for field, what in (("burst", "a burst"), ("sessions", "sessions")):
+        if chips > 1 and getattr(chosen.workload, field) is not None:
+            raise InputError(
+                f"--chips: {what} (workload.{field} of --scenario {scenario}) is measured on "
+                "one chip's load only; run it without --chips"
+            )
     if chips > 1 and chosen.closed_loop and runner.name == "sim":
         why = "the simulator runs a disaggregated deployment under open-loop arrivals only"
         space = space.restrict("deployment", ["co-located"], why)

@@ -100,7 +100,7 @@ class ServedRunner:
     def __init__(self, settings: RunnerSettings, hardware: str | None = None):
         self.settings = settings
         self.hardware = settings.hardware or hardware or socket.gethostname()
-        self._prompts: dict[tuple[str, int, int], list[str]] = {}
+        self._prompts: dict[tuple[str, int, int], tuple[list[str], list[str]]] = {}
         self._prompt_maker: PromptMaker | None = None
         self._warmup: list[str] = []
 
@@ -262,15 +262,22 @@ class ServedRunner:
         request lengths and the variant, not the rate: each step of a search sends other text of
         the same lengths, so no engine serves a step from its prefix cache (but for the
         workload's shared prefixes, the same text in every step). `replicas`: one
-        replica's share of that many (runners.sim.router.replica_requests)."""
+        replica's share of that many (runners.sim.router.replica_requests). With sessions,
+        the histories that sessions in progress bring warm the engine after the warm-up
+        prompts, the next needed last (the most recently used of an LRU cache)."""
         prompt_maker = self._loaded_prompt_maker()
         requests = replica_requests(workload, replicas)
-        key = (workload.model_dump_json(exclude={"arrival"}), variant, replicas)
+        # A plan of sessions depends on the rate (runners.load.sessions): its prompts too.
+        rate_free = {"arrival"} if workload.sessions is None else set()
+        key = (workload.model_dump_json(exclude=rate_free), variant, replicas)
         if key not in self._prompts:
-            self._prompts[key] = prompt_maker.for_requests(
-                requests, workload.seed + 7919 * variant, prefix_seed=workload.seed + 104729
-            )
-        return requests, self._prompts[key], self._warmup
+            seed = workload.seed + 7919 * variant
+            prompts = prompt_maker.for_requests(requests, seed, prefix_seed=workload.seed + 104729)
+            histories = prompt_maker.session_histories(requests, seed)
+            warm = [histories[request] for request in sorted(histories, reverse=True)]
+            self._prompts[key] = (prompts, warm)
+        prompts, warm = self._prompts[key]
+        return requests, prompts, self._warmup + warm
 
     def replicas_for(self, config: dict[str, Any]) -> int:
         return 1  # how many co-located replicas (a chip budget's) the config's engine is one of

@@ -83,6 +83,8 @@ class _Record:
     first_invisible: bool = False  # the first token streamed as empty text
     stalled: bool = False  # timed out waiting for the server (not refused by it)
     gaps: list[float] = field(default_factory=list)
+    prompt: str = ""  # as sent (a session's turn carries its history)
+    answer: list[str] = field(default_factory=list)  # the streamed text
 
     @property
     def in_flight(self) -> bool:
@@ -123,9 +125,19 @@ class _Load:
             **self.target.extra_body,
         }
 
+    def prompt_for(self, index: int) -> str:
+        """The request's prompt: with sessions, the history (the previous turn's prompt and
+        answer, as the server streamed it) and then its own text."""
+        sessions = self.requests.sessions
+        if sessions is None or sessions.previous[index] < 0:
+            return self.prompts[index]
+        previous = self.records[int(sessions.previous[index])]
+        return previous.prompt + "".join(previous.answer) + self.prompts[index]
+
     async def send(self, client: httpx.AsyncClient, index: int) -> None:
         record = self.records[index]
-        body = self.payload(self.prompts[index], int(self.requests.output_tokens[index]))
+        record.prompt = self.prompt_for(index)
+        body = self.payload(record.prompt, int(self.requests.output_tokens[index]))
         try:
             await asyncio.wait_for(
                 self._stream(client, body, record), self.target.request_timeout_s * 4
@@ -183,6 +195,7 @@ class _Load:
                 if choices and math.isnan(record.first_chunk):
                     record.first_chunk = stamp
                 if choices and choices[0].get("text"):
+                    record.answer.append(choices[0]["text"])
                     if last_text_s is None:
                         record.first = stamp
                         self._check_rejection()
@@ -269,6 +282,55 @@ class _Load:
             tasks.append(asyncio.create_task(self.send(client, i)))
         await asyncio.gather(*tasks)
 
+    async def session(self, client: httpx.AsyncClient, first: int, start_s: float) -> None:
+        """A session's turns in order, each a think time after the previous answer; a turn
+        that failed leaves the rest of its session unsent, counted failed."""
+        sessions = self.requests.sessions
+        assert sessions is not None, "a workload with sessions"
+        delay = start_s - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        index = first
+        while not self.done.is_set():
+            await self.send(client, index)
+            index = int(sessions.following[index])
+            if index < 0:
+                return
+            if not self.records[int(sessions.previous[index])].ok:
+                self._unsent_turns(index)
+                return
+            await asyncio.sleep(float(sessions.think_s[index]))
+
+    def _unsent_turns(self, index: int) -> None:
+        sessions = self.requests.sessions
+        assert sessions is not None, "a workload with sessions"
+        while index >= 0:
+            record = self.records[index]
+            record.send = record.finish = self.now()
+            record.error = "not sent: an earlier turn of its session failed"
+            index = int(sessions.following[index])
+        self._check_rejection()
+
+    async def sessions_open(self, client: httpx.AsyncClient, arrival_s: np.ndarray) -> None:
+        sessions = self.requests.sessions
+        assert sessions is not None, "a workload with sessions"
+        await asyncio.gather(
+            *(self.session(client, int(f), float(arrival_s[f])) for f in sessions.firsts)
+        )
+
+    async def sessions_closed(self, client: httpx.AsyncClient, users: int) -> None:
+        sessions = self.requests.sessions
+        assert sessions is not None, "a workload with sessions"
+        pending = iter(sessions.firsts.tolist())
+
+        async def user() -> None:
+            for first in pending:
+                if self.done.is_set():
+                    return
+                await self.session(client, first, 0.0)
+
+        await asyncio.gather(*(user() for _ in range(users)))
+
     async def closed_loop(self, client: httpx.AsyncClient, concurrency: int) -> None:
         pending = iter(range(len(self.requests)))
 
@@ -291,10 +353,12 @@ class _Load:
                     raise httpx.HTTPError(f"warm-up request failed: {warm.error}")
             self.t0 = time.perf_counter()
             arrival_s, concurrency = self.requests.arrival_s, self.requests.concurrency
+            with_sessions = self.requests.sessions is not None
             if arrival_s is not None:
-                drive = self.open_loop(client, arrival_s)
+                drive = (self.sessions_open if with_sessions else self.open_loop)(client, arrival_s)
             elif concurrency is not None:
-                drive = self.closed_loop(client, concurrency)
+                closed = self.sessions_closed if with_sessions else self.closed_loop
+                drive = closed(client, concurrency)
             else:  # make_requests gives one or the other
                 raise ValueError("requests without arrival times need a concurrency")
             load = asyncio.create_task(drive)
@@ -318,12 +382,15 @@ def drive(
     load = _Load(target, prompts, requests, rejection)
     asyncio.run(load.run(warmup))
     records = load.records
-    sent = [record for record in records if not math.isnan(record.send)]
+    order = [i for i, record in enumerate(records) if not math.isnan(record.send)]
+    if requests.sessions is not None:  # turns go out as answers come, not in index order
+        order.sort(key=lambda i: records[i].send)
+    sent = [records[i] for i in order]
     if load.rejected:
         for record in sent:  # cancelled in flight: unfinished, not successful
             if record.ok is False and not record.error:
                 record.error = "stopped by early rejection"
-    planned_inputs = requests.input_tokens[: len(sent)]  # as many: no more sent than planned
+    planned_inputs = requests.input_tokens[order]
     inputs = np.array(
         [
             record.prompt_tokens if record.prompt_tokens >= 0 else planned
@@ -341,6 +408,8 @@ def drive(
         ok=np.array([record.ok for record in sent], dtype=bool),
         itl_s=np.array(gaps),
         warmup=min(load.warmup_requests, len(sent)),
+        burst_mask=None if requests.burst is None else requests.burst[order],
+        planned_index=None if requests.sessions is None else np.array(order, dtype=np.int64),
     )
     errors = [record.error for record in sent if record.error]
     measurement.extra["requests_planned"] = len(records)

@@ -40,7 +40,8 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
   disaggregated deployment's is one decode instance's requests, on its share of the prefill
   and decode chips: all of them over the decode instances), so deployments of
   different sizes compare (DistServe's per-GPU goodput).
-- burst (a workload's `burst`, requests `after`..`after + requests - 1`): burst TTFT p99 over
+- burst (a workload's `burst`, requests `after`..`after + requests - 1`; with sessions, the
+  requests planned from its first session's start to its last's): burst TTFT p99 over
   all its requests, a failed one counting as the latest (the burst is judged whole, wherever
   the warm-up ends; None when the p99 reads a failed one), the burst's failed requests, and the
   recovery: from the burst's last send to the send of the first later request that met the
@@ -139,6 +140,11 @@ class Measurement:
     # and rates are per chip.
     chips: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Per request, whether the workload's burst sent it, where its indices do not say (sessions)
+    burst_mask: np.ndarray | None = None
+    # Per record, the planned request it measures, where records are not in planned order
+    # (sessions: sorted by send time)
+    planned_index: np.ndarray | None = None
 
     @classmethod
     def failed(cls, fault: Fault, extra: dict[str, Any] | None = None) -> Measurement:
@@ -216,6 +222,8 @@ RECOVERED_LATE_SHARE = 0.01
 
 def in_burst(m: Measurement, burst: Burst | None) -> np.ndarray:
     """Per request sent, whether the burst sent it."""
+    if burst is not None and m.burst_mask is not None:
+        return m.burst_mask.astype(bool)
     mask = np.zeros(m.sent, bool)
     if burst is not None:
         first, end = burst.indices()
@@ -225,11 +233,13 @@ def in_burst(m: Measurement, burst: Burst | None) -> np.ndarray:
 
 def burst_metrics(m: Measurement, sla: SLA, burst: Burst) -> dict[str, Any]:
     """The burst's TTFT p99, failures and recovery (the module's definitions)."""
-    first, end = burst.indices()
+    mask = in_burst(m, burst)
+    inside_at = np.flatnonzero(mask)
+    end = int(inside_at[-1]) + 1 if inside_at.size else min(burst.indices()[1], m.sent)
     # A failed request never got its first token: it counts as the latest of all.
     ttft = m.first_token_s - m.send_s
     ttft = np.where(m.ok.astype(bool) & ~np.isnan(ttft), ttft, np.inf)
-    inside = ttft[first : min(end, m.sent)]
+    inside = ttft[mask]
     ranked = np.sort(inside)
     # numpy's linear p99 reads the two samples about it: a failed one among them leaves none.
     at = 0.99 * (ranked.size - 1)

@@ -72,11 +72,33 @@ class PromptMaker:
 
     def for_requests(self, requests: Requests, seed: int, prefix_seed: int) -> list[str]:
         """Each request's prompt: its shared prefix's text (the same for every load of the
-        workload, so an engine's prefix cache can hit across loads), then text of its own."""
+        workload, so an engine's prefix cache can hit across loads), then text of its own.
+        With sessions, a turn's own text only: the load generator puts its session's history
+        (earlier prompts and the answers streamed) before it."""
+        if requests.sessions is not None:
+            own = self._own_text(requests, requests.sessions.new_tokens, seed, prefix_seed)
+            for request, history in self.session_histories(requests, seed).items():
+                own[request] = history + own[request]
+            return own
+        return self._own_text(requests, requests.input_tokens, seed, prefix_seed)
+
+    def session_histories(self, requests: Requests, seed: int) -> dict[int, str]:
+        """The history each in-progress session brings into the test (runners.load.sessions),
+        by its first request in the test: text never sent, that warms the engine first."""
+        plan = requests.sessions
+        if plan is None:
+            return {}
+        bringing = np.flatnonzero(plan.carried > 0)
+        texts = self.make(plan.carried[bringing], seed + 1)
+        return dict(zip(bringing.tolist(), texts, strict=True))
+
+    def _own_text(
+        self, requests: Requests, lengths: np.ndarray, seed: int, prefix_seed: int
+    ) -> list[str]:
         if requests.prefix is None:
-            return self.make(requests.input_tokens, seed)
+            return self.make(lengths, seed)
         sharing = requests.prefix != NO_PREFIX
-        own = self.make(requests.input_tokens - sharing * requests.prefix_tokens, seed)
+        own = self.make(lengths - sharing * requests.prefix_tokens, seed)
         prefixes = self.make(
             [requests.prefix_tokens] * (int(requests.prefix.max()) + 1), prefix_seed
         )

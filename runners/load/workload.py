@@ -9,33 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from objectives.scenario import Closed, Fixed, Gamma, LogNormal, Normal, Poisson, Uniform, Workload
-
-
-def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
-    if isinstance(dist, Fixed):
-        return np.full(n, dist.value, dtype=np.int64)
-    if isinstance(dist, Uniform):
-        return rng.integers(dist.low, dist.high, endpoint=True, size=n)
-    if isinstance(dist, Normal):
-        raw = rng.normal(dist.mean, dist.std, size=n)
-    elif isinstance(dist, LogNormal):
-        raw = rng.lognormal(np.log(dist.median), dist.sigma, size=n)
-    else:
-        raise TypeError(f"unknown length distribution {dist!r}")
-    return np.clip(np.rint(raw), dist.min, dist.max).astype(np.int64)
-
-
-def inter_arrival_s(arrival: Poisson | Gamma, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Gaps before each request of an open loop (a closed loop's requests follow completions)."""
-    if isinstance(arrival, Poisson):
-        return rng.exponential(1.0 / arrival.rate, size=n)
-    if isinstance(arrival, Gamma):
-        # Mean gap stays 1/rate; shape = burstiness (1 is exponential, below 1 is burstier).
-        theta = 1.0 / (arrival.rate * arrival.burstiness)
-        return rng.gamma(arrival.burstiness, theta, size=n)
-    raise TypeError(f"unknown arrival process {arrival!r}")
-
+from objectives.scenario import Closed, Workload
+from runners.load.draws import open_arrivals, sample_lengths, with_burst
+from runners.load.sessions import SessionPlan, plan_sessions
 
 NO_PREFIX = -1
 
@@ -44,17 +20,24 @@ NO_PREFIX = -1
 class Requests:
     input_tokens: np.ndarray
     output_tokens: np.ndarray
-    arrival_s: np.ndarray | None  # None: closed loop with `concurrency` in flight
+    # None: closed loop with `concurrency` in flight. With sessions, a later turn's time is
+    # only planned: it is sent a think time after the previous turn's answer.
+    arrival_s: np.ndarray | None
     concurrency: int | None
     # Which shared prefix each prompt starts with (NO_PREFIX: none), and its length in tokens.
     prefix: np.ndarray | None = None
     prefix_tokens: int = 0
+    sessions: SessionPlan | None = None
+    # With sessions, whether each request is the burst's (without, the burst's indices say).
+    burst: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.input_tokens.size)
 
     def every(self, step: int, arrival_s: np.ndarray | None) -> Requests:
         """Every step-th request (a replica's share), with these arrival times."""
+        if self.sessions is not None:  # a session is served whole by one replica
+            raise ValueError("sessions are not split among replicas")
         return Requests(
             self.input_tokens[::step],
             self.output_tokens[::step],
@@ -78,14 +61,6 @@ def draw_prefixes(workload: Workload, inputs: np.ndarray) -> tuple[np.ndarray, n
     return prefix, np.where(sharing, np.maximum(inputs, shared.tokens + 1), inputs)
 
 
-def with_burst(arrivals: np.ndarray, first: int, end: int, multiple: float) -> np.ndarray:
-    """The arrivals with requests first..end-1 coming `multiple` times as fast (their gaps
-    divided by it), and every later one as much earlier: the same draw, its burst squeezed."""
-    gaps = np.diff(arrivals, prepend=arrivals[0])
-    gaps[first + 1 : end] /= multiple
-    return np.cumsum(gaps)
-
-
 def make_requests(workload: Workload) -> Requests:
     rng = np.random.default_rng(workload.seed)
     n = workload.num_requests
@@ -94,18 +69,39 @@ def make_requests(workload: Workload) -> Requests:
     prefix, prefix_tokens = None, 0
     drawn = draw_prefixes(workload, inputs)
     if drawn is not None:
-        prefix, inputs = drawn
         prefix_tokens = workload.shared_prefix.tokens  # type: ignore[union-attr]
+        if workload.sessions is not None:  # only first turns open with it (plan_sessions)
+            prefix = drawn[0]
+        else:
+            prefix, inputs = drawn
     arrival = workload.arrival
+    if workload.sessions is not None:
+        return _session_requests(workload, inputs, outputs, prefix, prefix_tokens, rng)
     if isinstance(arrival, Closed):  # requests follow completions: no arrival times
         return Requests(inputs, outputs, None, arrival.concurrency, prefix, prefix_tokens)
-    arrivals = np.cumsum(inter_arrival_s(arrival, n, rng))
-    arrivals -= arrivals[0]
-    if n > 1 and arrivals[-1] > 0:
-        # A draw's own mean rate misses the stated one (seed 0's 200 Poisson arrivals at 2/s span
-        # 112.6 s, not 99.5): rescale so the load offers exactly the scenario's rate, keeping
-        # the draw's burstiness.
-        arrivals *= (n - 1) / (arrival.rate * arrivals[-1])
+    arrivals = open_arrivals(arrival, n, arrival.rate, rng)
     if workload.burst is not None:
         arrivals = with_burst(arrivals, *workload.burst.indices(), workload.burst.multiple)
     return Requests(inputs, outputs, arrivals, None, prefix, prefix_tokens)
+
+
+def _session_requests(
+    workload: Workload,
+    inputs: np.ndarray,
+    outputs: np.ndarray,
+    prefix: np.ndarray | None,
+    prefix_tokens: int,
+    rng: np.random.Generator,
+) -> Requests:
+    arrival = workload.arrival
+    planned = plan_sessions(workload, inputs, outputs, prefix, prefix_tokens, rng)
+    return Requests(
+        planned.input_tokens,
+        planned.output_tokens,
+        planned.planned_s,
+        arrival.concurrency if isinstance(arrival, Closed) else None,
+        planned.prefix,
+        prefix_tokens,
+        planned.plan,
+        planned.burst,
+    )

@@ -51,7 +51,7 @@ class Admission:
         if self.cached[request]:
             return self.cached[request], None
         reload_s = cache.reload_seconds(prefix)
-        return (0, None) if reload_s is None else (cache.tokens, reload_s)
+        return (0, None) if reload_s is None else (cache.host[prefix].tokens, reload_s)
 
     def _release_prefix(self, request: int) -> None:
         if self.cached[request]:
@@ -59,9 +59,10 @@ class Admission:
             self.cached[request] = 0
 
     def _cache_prefix(self, request: int) -> None:
-        """A request that computed its prefix hands those blocks to the cache."""
+        """A request that computed its shared prefix hands those blocks to the cache (a
+        session's history is handed over when its turn ends: runners.sim.session_turns)."""
         cache, prefix = self.prefix_cache, self.prefix[request]
-        if cache is None or prefix == NO_PREFIX or self.cached[request]:
+        if cache is None or prefix < 0 or self.cached[request]:
             return
         if cache.can_insert(prefix) and self.blocks[request] > cache.blocks:
             cache.insert(prefix)
@@ -84,37 +85,38 @@ class Admission:
     ) -> list[int]:
         batch: list[int] = []
         tokens = 0
+        cache = self.prefix_cache
         while self.waiting and len(batch) < min(seats, limit):
             request = self.waiting[0]
             found, reload_s = self._acquire_prefix(request)
             computed = self.prompt[request] - found
-            reloaded = self.prefix_cache.blocks if reload_s is not None else 0  # type: ignore[union-attr]
+            stored = None if reload_s is None else cache.host[self.prefix[request]]  # type: ignore[union-attr]
+            reloaded = 0 if stored is None else stored.blocks
             need = self._blocks_for(computed + 1) + reloaded
             # A preempted request recomputes its prompt and what it generated, which may exceed
             # the budget: it then runs alone (when the step has room for it) rather than block
             # the queue.
             over = tokens + computed > budget
             admitted = not (over and (batch or not alone_ok)) and self._free_up(need)
-            if admitted and reload_s is not None:
+            if admitted and stored is not None:
                 # The evictions that made room may have pushed it out of a full host tier.
-                admitted = self.prefix_cache.take_from_host(self.prefix[request])  # type: ignore[union-attr]
+                admitted = cache.take_from_host(self.prefix[request]) is not None  # type: ignore[union-attr]
             if not admitted:
                 self._release_prefix(request)
                 break
             self.waiting.popleft()
             self._take(need)
             self.blocks[request] = need
-            if reload_s is not None:  # the reloaded blocks are the cache's, used by it
-                cache = self.prefix_cache
-                assert cache is not None, "only a cache reloads"
-                cache.insert(self.prefix[request])
-                cache.count_reload()
+            if stored is not None:  # the reloaded blocks are the cache's, used by it
+                assert cache is not None and reload_s is not None, "only a cache reloads"
+                cache.insert(self.prefix[request], stored.blocks, stored.tokens)
+                cache.count_reload(stored)
                 self.blocks[request] -= reloaded
                 self.cached[request] = found
                 self.reload_s += reload_s
             batch.append(request)
             tokens += computed
-            if self.prefix[request] != NO_PREFIX and self.prefix_cache is not None:
+            if self.prefix[request] != NO_PREFIX and cache is not None:
                 self.stats["prefix_lookups"] += 1
                 self.stats["prefix_hits"] += found > 0
         return batch

@@ -29,6 +29,7 @@ from runners.sim.admission import Admission
 from runners.sim.costs import CostModel
 from runners.sim.prefix_cache import PrefixCache
 from runners.sim.scheduler import Scheduler, TraceStep
+from runners.sim.session_turns import SessionTurns
 
 
 class _Due(NamedTuple):
@@ -40,7 +41,7 @@ class _Due(NamedTuple):
     version: int
 
 
-class Simulation(Admission):
+class Simulation(Admission, SessionTurns):
     def __init__(
         self,
         cost: CostModel,
@@ -102,6 +103,10 @@ class Simulation(Admission):
             self.stats |= {"prefix_lookups": 0, "prefix_hits": 0}
         # When a list: one entry per step.
         self.trace: list[TraceStep] | None = None
+        self.sessions = requests.sessions
+        self.burst = requests.burst
+        if self.sessions is not None:
+            self._plan_turns(requests.arrival_s, requests.concurrency)
 
     # --- arrivals -------------------------------------------------------------------------
     def _arrive(self, request: int, send_s: float) -> None:
@@ -110,6 +115,9 @@ class Simulation(Admission):
         self.next_arrival += 1
 
     def _admit_arrivals(self) -> None:
+        if self.sessions is not None:
+            self._admit_turns()
+            return
         planned = len(self.prompt)
         arrivals = self.arrivals
         if arrivals is None:
@@ -194,11 +202,13 @@ class Simulation(Admission):
 
     def _finish(self, request: int) -> None:
         self.finish[request] = self.now
+        if self.sessions is not None:  # before its blocks go: its history may stay cached
+            self._next_turn(request)
         self.free_blocks += self.blocks[request]
         self.blocks[request] = 0
         self._release_prefix(request)
         self.finished_count += 1
-        if self.arrivals is None and self.next_arrival < len(self.prompt):
+        if self.sessions is None and self.arrivals is None and self.next_arrival < len(self.prompt):
             self._arrive(self.next_arrival, self.now)
 
     def _retire_decoders(self) -> None:
@@ -350,9 +360,7 @@ class Simulation(Admission):
             if not (self.waiting or self.decoding or self.prefilling):
                 # Idle until the next arrival (a closed loop is never idle before its end: each
                 # finished request sends the next).
-                if self.arrivals is None:
-                    raise RuntimeError("simulation stalled: a closed loop with nothing in flight")
-                self.now = max(self.now, float(self.arrivals[self.next_arrival]))
+                self.now = max(self.now, self._next_arrival_s())
                 continue
             steps = self.stats["steps"]
             self._step()
@@ -360,20 +368,30 @@ class Simulation(Admission):
                 raise RuntimeError("simulation stalled: waiting requests fit nowhere")
         return self._measurement()
 
+    def _next_arrival_s(self) -> float:
+        if self.sessions is not None and self.turn_heap:
+            return self.turn_heap[0][0]
+        if self.sessions is not None or self.arrivals is None:
+            raise RuntimeError("simulation stalled: nothing in flight and nothing to send")
+        return float(self.arrivals[self.next_arrival])
+
     def _measurement(self) -> Measurement:
-        """The requests sent so far; stopped early, the unfinished ones count as not successful."""
-        sent = self.next_arrival
-        finish = np.array(self.finish[:sent]) + self.latency_s
+        """The requests sent so far, in send order; stopped early, the unfinished ones count as
+        not successful."""
+        sent = self._sent_order() if self.sessions is not None else np.arange(self.next_arrival)
+        finish = np.array(self.finish)[sent] + self.latency_s
         return Measurement(
-            send_s=np.array(self.send[:sent]),
-            first_token_s=np.array(self.first[:sent]) + self.latency_s,
+            send_s=np.array(self.send)[sent],
+            first_token_s=np.array(self.first)[sent] + self.latency_s,
             finish_s=finish,
-            input_tokens=self.input_tokens[:sent],
-            output_tokens=np.array(self.output_tokens[:sent]),
+            input_tokens=self.input_tokens[sent],
+            output_tokens=np.array(self.output_tokens)[sent],
             ok=~np.isnan(finish),
             peak_kv_usage=self.peak_used / self.total_blocks,
             extra=self.stats | ({} if self.prefix_cache is None else self.prefix_cache.stats),
-            warmup=min(self.warmup, sent),
+            warmup=min(self.warmup, sent.size),
+            burst_mask=None if self.burst is None else self.burst[sent],
+            planned_index=None if self.sessions is None else sent,
         )
 
     def _rejected(self, ttft_bound_s: float) -> Measurement:

@@ -59,7 +59,7 @@ def prefill_ends(
             continue
         batch: list[tuple[int, int, int]] = []  # (request, its cached tokens, its own blocks)
         tokens = pairs = read = 0.0
-        free = kv_blocks - (0 if cache is None else len(cache.users) * cache.blocks)
+        free = kv_blocks - (0 if cache is None else cache.resident_blocks)
         while waiting and len(batch) < seats:
             request = waiting[0]
             prompt, shared = tokens_of[request], prefix_of[request]

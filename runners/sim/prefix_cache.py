@@ -1,5 +1,6 @@
-"""Prefix caching in the simulator: the KV blocks of a shared prompt prefix, computed once and
-kept while memory allows, and a host-memory tier below it.
+"""Prefix caching in the simulator: the KV blocks of a shared prompt prefix (or of a session's
+history, runners.sim.session_turns), computed once and kept while memory allows, and a
+host-memory tier below it.
 
 As vLLM's and MindIE's block caches do it: only whole blocks are cached (a prefix of S tokens
 keeps floor(S / block) blocks, and the rest of its last block is computed again with the
@@ -29,24 +30,29 @@ class HostTier:
     block_bytes: float
 
 
+@dataclass
+class Entry:
+    blocks: int  # device blocks it holds
+    tokens: int  # prompt tokens a hit saves
+
+
 class PrefixCache:
     def __init__(self, prefix_tokens: int, block_tokens: int, host: HostTier | None = None):
-        self.blocks = prefix_tokens // block_tokens  # blocks one cached prefix holds
-        self.tokens = self.blocks * block_tokens  # prompt tokens a hit saves
+        # A shared prefix's entry (sessions' entries are sized as their histories grow).
+        self.blocks = prefix_tokens // block_tokens
+        self.tokens = self.blocks * block_tokens
         self.users: dict[int, int] = {}  # resident prefix -> running requests that use it
+        self.entries: dict[int, Entry] = {}  # resident prefix -> its size
         self.idle: OrderedDict[int, None] = OrderedDict()  # unused, least recently used first
+        self.idle_blocks = 0  # blocks held by idle prefixes: memory that can be taken back
+        self.resident_blocks = 0
         self.host_tier = host
-        self.host_slots = host.blocks // self.blocks if host is not None and self.blocks else 0
-        self.host: OrderedDict[int, None] = OrderedDict()  # offloaded, least recently used first
+        self.host: OrderedDict[int, Entry] = OrderedDict()  # offloaded, least recently used first
+        self.host_blocks = 0
         self.stats: dict[str, float] = {"prefix_evictions": 0}
-        if self.host_slots:
+        if host is not None and host.blocks:
             self.stats |= {"prefix_offloads": 0, "prefix_reloads": 0, "host_drops": 0}
             self.stats |= {"kv_offloaded_gb": 0.0, "kv_reloaded_gb": 0.0}
-
-    @property
-    def idle_blocks(self) -> int:
-        """Blocks held by prefixes no running request uses: memory that can be taken back."""
-        return len(self.idle) * self.blocks
 
     def acquire(self, prefix: int) -> int:
         """A request starting with `prefix` is admitted: the prompt tokens it finds on the
@@ -54,21 +60,44 @@ class PrefixCache:
         if prefix not in self.users:
             return 0
         self.users[prefix] += 1
-        self.idle.pop(prefix, None)
-        return self.tokens
+        if prefix in self.idle:
+            del self.idle[prefix]
+            self.idle_blocks -= self.entries[prefix].blocks
+        return self.entries[prefix].tokens
 
     def can_insert(self, prefix: int) -> bool:
         return self.blocks > 0 and prefix not in self.users
 
-    def insert(self, prefix: int) -> None:
-        """A request computed (or reloaded) the prefix: its blocks are the cache's, used by it."""
+    def insert(
+        self, prefix: int, blocks: int | None = None, tokens: int | None = None, in_use=True
+    ) -> None:
+        """A request computed (or reloaded) the prefix: its blocks are the cache's, used by it
+        (or, `in_use` false, idle). Default size: the shared prefix's."""
+        entry = Entry(
+            self.blocks if blocks is None else blocks, self.tokens if tokens is None else tokens
+        )
+        stale = self.host.pop(prefix, None)  # the device's copy is the newer
+        if stale is not None:
+            self.host_blocks -= stale.blocks
+        self.entries[prefix] = entry
+        self.resident_blocks += entry.blocks
         self.users[prefix] = 1
+        if not in_use:
+            self.release(prefix)
+
+    def grow(self, prefix: int, blocks: int, tokens: int) -> None:
+        """The entry's one user extends it (a session's history by its latest turn)."""
+        entry = self.entries[prefix]
+        entry.blocks += blocks
+        entry.tokens = tokens
+        self.resident_blocks += blocks
 
     def release(self, prefix: int) -> None:
         """A request that used the cached prefix finished or was preempted."""
         self.users[prefix] -= 1
         if self.users[prefix] == 0:
             self.idle[prefix] = None  # the most recently used end
+            self.idle_blocks += self.entries[prefix].blocks
 
     def make_room(self, free: int, need: int) -> int:
         """Evict idle prefixes until `need` blocks are free, where that is enough (as vLLM
@@ -86,37 +115,41 @@ class PrefixCache:
             return 0
         prefix, _ = self.idle.popitem(last=False)
         del self.users[prefix]
+        entry = self.entries.pop(prefix)
+        self.idle_blocks -= entry.blocks
+        self.resident_blocks -= entry.blocks
         self.stats["prefix_evictions"] += 1
-        if self.host_slots:
-            self.host[prefix] = None
+        tier = self.host_tier
+        if tier is not None and entry.blocks <= tier.blocks:
+            self.host[prefix] = entry
+            self.host_blocks += entry.blocks
             self.stats["prefix_offloads"] += 1
-            self.stats["kv_offloaded_gb"] += self._gigabytes()
-            if len(self.host) > self.host_slots:
-                self.host.popitem(last=False)
+            self.stats["kv_offloaded_gb"] += entry.blocks * tier.block_bytes / 1e9
+            while self.host_blocks > tier.blocks:
+                _, dropped = self.host.popitem(last=False)
+                self.host_blocks -= dropped.blocks
                 self.stats["host_drops"] += 1
-        return self.blocks
+        return entry.blocks
 
     def reload_seconds(self, prefix: int) -> float | None:
         """What reloading a prefix from the host tier takes (None: not there); it is touched,
         the most recently used there now."""
-        if prefix not in self.host:
+        entry = self.host.get(prefix)
+        if entry is None:
             return None
         self.host.move_to_end(prefix)
         assert self.host_tier is not None, "only a host tier holds prefixes on the host"
-        return self.host_tier.latency_s + self.blocks * self.host_tier.block_seconds
+        return self.host_tier.latency_s + entry.blocks * self.host_tier.block_seconds
 
-    def take_from_host(self, prefix: int) -> bool:
-        """The device took the prefix back (the caller inserts it); False when the host
+    def take_from_host(self, prefix: int) -> Entry | None:
+        """The device takes the prefix back (the caller inserts it); None when the host
         dropped it since it was looked up."""
-        if prefix not in self.host:
-            return False
-        del self.host[prefix]
-        return True
+        entry = self.host.pop(prefix, None)
+        if entry is not None:
+            self.host_blocks -= entry.blocks
+        return entry
 
-    def count_reload(self) -> None:
+    def count_reload(self, entry: Entry) -> None:
+        assert self.host_tier is not None, "only a host tier reloads"
         self.stats["prefix_reloads"] += 1
-        self.stats["kv_reloaded_gb"] += self._gigabytes()
-
-    def _gigabytes(self) -> float:
-        assert self.host_tier is not None, "only a host tier moves bytes"
-        return self.blocks * self.host_tier.block_bytes / 1e9
+        self.stats["kv_reloaded_gb"] += entry.blocks * self.host_tier.block_bytes / 1e9

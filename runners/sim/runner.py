@@ -309,7 +309,7 @@ class _SimSession:
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
         requests = replica_requests(workload, self.replicas)
         cache = None
-        if self.prefix_caching and requests.prefix_tokens:
+        if self.prefix_caching and (requests.prefix_tokens or requests.sessions is not None):
             cache = PrefixCache(requests.prefix_tokens, self.block, self.host_tier)
         sim = Simulation(self.cost, self.scheduler, requests, self.blocks, self.block, bound, cache)
         try:

@@ -1,0 +1,208 @@
+"""Multi-turn sessions of a workload (objectives.scenario.Sessions): which turns make a session,
+what each turn's prompt carries, and when each may be sent.
+
+A turn's prompt is its session's history (every earlier prompt and answer) and tokens of its
+own, so its input length is known before the load runs; its send time is not: it follows the
+previous turn's answer by a think time. Requests are numbered in the order they would be sent if
+every answer came at once (a session's start plus its think times), which is how they run when
+the engine keeps up; runners sort what they measure by the real send times.
+
+An open loop's test starts in its steady state: sessions started before it are in progress, so
+turns arrive at the full rate from the first second, and not only first turns while the test is
+shorter than a conversation; their histories (drawn, never sent) warm the engine before the test
+as far as its memory holds them, as a running engine would hold them. Sessions keep starting to
+the test's end, and those still going then are cut. The test is the first num_requests turns
+from time 0. A closed loop's users each start a fresh session and take whole sessions in turn,
+the last one cut to num_requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from objectives.scenario import Closed, Workload
+from runners.load.draws import open_arrivals, sample_lengths, with_burst
+
+FIRST_TURN = -1  # `previous` of a session's first turn in the test
+# Sessions that started this many of their longest spans of thinking (turns - 1 think times)
+# before the test are in progress at its start: a longer session is rare (an exponential
+# think time's sum passes 4 times its mean in about 1 in 10^4 sessions of 8 turns).
+WARM_START_SPANS = 4
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    session: np.ndarray  # per request, its session (numbered in the order they start)
+    previous: np.ndarray  # per request, its session's previous turn (FIRST_TURN: none)
+    following: np.ndarray  # per request, its session's next turn (-1: none)
+    think_s: np.ndarray  # per request, the pause after the previous turn's answer (0: first)
+    new_tokens: np.ndarray  # per request, the prompt tokens of its own (the rest is history)
+    # per request, the history it brings from before the test (an in-progress session's first
+    # turn in it; else 0): the engine is warmed with it (runners.sim.session_turns, the load
+    # generator's warm-up)
+    carried: np.ndarray
+    firsts: np.ndarray  # each session's first turn in the test, in session order
+
+    @property
+    def count(self) -> int:
+        return int(self.firsts.size)
+
+
+@dataclass(frozen=True)
+class PlannedSessions:
+    plan: SessionPlan
+    input_tokens: np.ndarray  # history and new tokens
+    output_tokens: np.ndarray
+    planned_s: np.ndarray | None  # open loop: the send times if every answer came at once
+    prefix: np.ndarray | None  # shared prefix of each first turn (runners.load.workload)
+    burst: np.ndarray | None  # per request, whether it is planned inside the burst
+
+
+def plan_sessions(
+    workload: Workload,
+    new_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    prefix: np.ndarray | None,
+    prefix_tokens: int,
+    rng: np.random.Generator,
+) -> PlannedSessions:
+    """The workload's num_requests turns as requests in planned send order (the module's
+    rules). The draws of lengths and prefixes, one per request, go to the test's turns in
+    session-major order (turn after turn of session 0, then session 1, ...); an in-progress
+    session's earlier turns draw theirs from the sessions' own stream, as do turn counts and
+    think times. `rng` draws an open loop's session starts. `prefix`: only a session's first
+    turn in the test keeps its draw, lengthened as runners.load.workload does."""
+    sessions = workload.sessions
+    assert sessions is not None, "a workload with sessions"
+    n = workload.num_requests
+    own = np.random.default_rng([workload.seed, 2])  # its own stream: the lengths stay put
+    counts = sample_lengths(sessions.turns, n, own)  # never more sessions than turns
+    arrival = workload.arrival
+    if isinstance(arrival, Closed):
+        ends = np.cumsum(counts)
+        kept = int(np.searchsorted(ends, n)) + 1
+        counts = counts[:kept].copy()
+        counts[-1] -= int(ends[kept - 1]) - n
+        turns = _Turns(counts, _think_times(counts, sessions.think_time_s, own))
+        turns.new[:], turns.out[:] = new_tokens, output_tokens
+        return _as_requests(workload, turns, None, None, prefix, prefix_tokens)
+
+    rate = arrival.rate / float(counts.mean())  # Little's law: turns then come at the rate
+    warm_s = WARM_START_SPANS * (sessions.turns.bounds[1] - 1) * sessions.think_time_s
+    counts = np.concatenate([counts, sample_lengths(sessions.turns, math.ceil(warm_s * rate), own)])
+    turns = _Turns(counts, _think_times(counts, sessions.think_time_s, own))
+    starts = open_arrivals(arrival, counts.size, rate, rng) - warm_s
+    started = int(np.searchsorted(starts, 0.0))  # before the test
+    if workload.burst is not None:  # it counts the sessions started in the test
+        fresh = starts[started:]
+        fresh[:] = (
+            with_burst(fresh - fresh[0], *workload.burst.indices(), workload.burst.multiple)
+            + fresh[0]
+        )
+    waited = np.cumsum(turns.think)
+    at = starts[turns.session] + (waited - waited[turns.first_of][turns.session])
+    in_test = np.flatnonzero(at >= 0)
+    test = np.zeros(at.size, bool)
+    test[in_test[np.argsort(at[in_test], kind="stable")[:n]]] = True
+    going = np.bincount(turns.session[test], minlength=counts.size) > 0
+    before = going[turns.session] & ~test & (at < 0)  # an in-progress session's history
+    turns.new[test], turns.out[test] = new_tokens, output_tokens
+    turns.new[before] = sample_lengths(workload.input_tokens, int(before.sum()), own)
+    turns.out[before] = sample_lengths(workload.output_tokens, int(before.sum()), own)
+    history = turns.history()  # of the turns before the test: what a session carries in
+    burst_window = None
+    if workload.burst is not None:
+        first, end = workload.burst.indices()
+        burst_window = (starts[started + first], starts[started + end - 1])
+    return _as_requests(
+        workload, turns.only(test, history), at[test], burst_window, prefix, prefix_tokens
+    )
+
+
+class _Turns:
+    """Every turn of the sessions drawn, session-major."""
+
+    def __init__(self, counts: np.ndarray, think: np.ndarray, history: np.ndarray | None = None):
+        self.counts = counts
+        self.session = np.repeat(np.arange(counts.size), counts)
+        self.first_of = np.cumsum(counts) - counts  # each session's first turn
+        self.think = think
+        self.new = np.zeros(think.size, np.int64)
+        self.out = np.zeros(think.size, np.int64)
+        self.carried = np.zeros(think.size, np.int64) if history is None else history
+
+    def history(self) -> np.ndarray:
+        """Per turn, the tokens of its session's earlier prompts and answers."""
+        whole = self.new + self.out
+        done = np.cumsum(whole) - whole
+        return done - done[self.first_of][self.session]
+
+    def only(self, kept: np.ndarray, history: np.ndarray) -> _Turns:
+        """The kept turns (a run of each session's), renumbered, with their history."""
+        counts = np.bincount(self.session[kept], minlength=self.counts.size)
+        turns = _Turns(counts[counts > 0], self.think[kept], history[kept])
+        turns.new, turns.out = self.new[kept], self.out[kept]
+        return turns
+
+
+def _think_times(counts: np.ndarray, mean_s: float, rng: np.random.Generator) -> np.ndarray:
+    """Session-major: the pause before each turn (none before a first)."""
+    total = int(counts.sum())
+    think = rng.exponential(mean_s, total) if mean_s else np.zeros(total)
+    think[np.cumsum(counts) - counts] = 0.0
+    return think
+
+
+def _as_requests(
+    workload: Workload,
+    turns: _Turns,
+    planned: np.ndarray | None,
+    burst_window: tuple[float, float] | None,
+    prefix: np.ndarray | None,
+    prefix_tokens: int,
+) -> PlannedSessions:
+    n = int(turns.counts.sum())
+    first = np.zeros(n, bool)
+    first[turns.first_of] = True
+    carried = turns.carried[turns.first_of][turns.session]  # history from before the test
+    new = turns.new
+    if prefix is not None:
+        # A session in progress brings its shared prompt inside its history (warmed as one).
+        prefix = np.where(first & (carried == 0), prefix, -1)
+        # the prompt's start (history and all) is the prefix and at least one token more
+        new = np.where(prefix >= 0, np.maximum(new, prefix_tokens + 1), new)
+    whole = new + turns.out
+    done = np.cumsum(whole) - whole
+    inputs = carried + done - done[turns.first_of][turns.session] + new
+
+    order = np.arange(n) if planned is None else np.argsort(planned, kind="stable")
+    burst = None
+    if planned is not None and burst_window is not None:
+        burst = (planned >= burst_window[0]) & (planned <= burst_window[1])
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    positions = np.arange(n)
+    previous = np.where(first, FIRST_TURN, rank[np.maximum(positions - 1, 0)])
+    last = np.zeros(n, bool)
+    last[np.cumsum(turns.counts) - 1] = True
+    following = np.where(last, -1, rank[np.minimum(positions + 1, n - 1)])
+    plan = SessionPlan(
+        session=turns.session[order],
+        previous=previous[order],
+        following=following[order],
+        think_s=turns.think[order],
+        new_tokens=new[order],
+        carried=np.where(first, carried, 0)[order],
+        firsts=rank[turns.first_of],
+    )
+    return PlannedSessions(
+        plan,
+        inputs[order],
+        turns.out[order],
+        None if planned is None else planned[order],
+        None if prefix is None else prefix[order],
+        None if burst is None else burst[order],
+    )
