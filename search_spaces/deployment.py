@@ -52,6 +52,7 @@ def role_config(config: dict[str, Any], role: str) -> dict[str, Any]:
     # A role's KV connector is the hand-over between roles: a host tier would replace it
     # (vLLM's --kv-offloading-size sets its own connector), so roles run without one.
     base.pop("kv_host_gb", None)
+    base.pop("swap_preemptions", None)
     if role == "prefill":
         batch = int(config["prefill_batch_size"])
         # A prefill-only server has nothing to decode: it takes prompts as they come.
@@ -65,9 +66,14 @@ def role_config(config: dict[str, Any], role: str) -> dict[str, Any]:
 
 def co_located_only(config: dict[str, Any]) -> list[str]:
     """Why a disaggregated config sets a knob its roles run without (role_config)."""
+    reasons = []
     if config.get("kv_host_gb"):
-        return ["kv_host_gb applies to co-located replicas: a role's KV connector is the hand-over"]
-    return []
+        reasons.append(
+            "kv_host_gb applies to co-located replicas: a role's KV connector is the hand-over"
+        )
+    if config.get("swap_preemptions"):
+        reasons.append("swap_preemptions applies to co-located replicas (the simulator's)")
+    return reasons
 
 
 def deployment_label(config: dict[str, Any]) -> str | None:

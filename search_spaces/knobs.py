@@ -106,6 +106,19 @@ def _mindie_prefix_caching(on: bool) -> dict[str, Any]:
     return {"model_config": {"plugin_params": MINDIE_PREFIX_CACHE_PLUGIN if on else ""}}
 
 
+# MindIE's swap pool (ModelConfig cpuMemSize, GB): its documented default and recommended value,
+# set where swaps are allowed (it may be 0 only when maxPreemptCount is), which the simulator
+# assumes.
+MINDIE_SWAP_GB = 5
+
+
+def _mindie_swaps(count: int) -> dict[str, Any]:
+    native: dict[str, Any] = {"config": {"ScheduleConfig": {"maxPreemptCount": int(count)}}}
+    if count:
+        native["model_config"] = {"cpuMemSize": MINDIE_SWAP_GB}
+    return native
+
+
 def _flag(on_flag: str, off_flag: str) -> Renderer:
     return lambda on: {"args": [on_flag if on else off_flag]}
 
@@ -219,6 +232,14 @@ KNOBS: dict[str, Knob] = {
             # MindIE's DRAM pool (kvPoolConfig) names a backend autotune cannot verify, and its
             # cpuMemSize is swap space for preemption, not a cache tier: not expressed.
             render={"vllm": _vllm_kv_host, "llamacpp": _llamacpp_kv_host},
+        ),
+        Knob(
+            "swap_preemptions",
+            "int",
+            "requests a scheduling round may preempt by swapping their KV cache to host memory "
+            "rather than recomputing it later (MindIE maxPreemptCount; 0: recompute only)",
+            limits=(0, 5000),
+            render={"mindie": _mindie_swaps},
         ),
         Knob(
             "max_prefill_batch_size",

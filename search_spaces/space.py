@@ -31,6 +31,8 @@ ROLE_KNOBS = (
 )
 # Knobs that act on shared prompt prefixes only (runners.sim.prefix_cache).
 PREFIX_KNOBS = ("prefix_caching", "kv_host_gb")
+# Preemption binds where memory runs out as conversations' contexts grow.
+SESSION_KNOBS = ("swap_preemptions",)
 GRID_POINTS = 6  # values per numeric knob when --sampler grid has no explicit `grid`
 
 
@@ -228,6 +230,12 @@ class SearchSpace:
             for name in PREFIX_KNOBS:
                 if name not in self.user_set:
                     space = space.drop(name, "the workload's prompts share no prefix")
+        if workload.sessions is None:
+            for name in SESSION_KNOBS:
+                if name in space.ranges and name not in self.user_set:
+                    space = space.drop(
+                        name, "searched with sessions, whose growing contexts preempt"
+                    )
         return space._fit_prefill_floor(workload, scenario_source)
 
     def _fit_prefill_floor(self, workload: Workload, scenario_source: str) -> SearchSpace:

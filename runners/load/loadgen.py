@@ -83,6 +83,7 @@ class _Record:
     first_invisible: bool = False  # the first token streamed as empty text
     stalled: bool = False  # timed out waiting for the server (not refused by it)
     gaps: list[float] = field(default_factory=list)
+    rank: int = -1  # its place in the send order (the warm-up is the first sent)
     prompt: str = ""  # as sent (a session's turn carries its history)
     answer: list[str] = field(default_factory=list)  # the streamed text
 
@@ -107,6 +108,7 @@ class _Load:
         self.warmup_requests = warmup_requests(len(requests))
         self.rejection = rejection
         self.rejected: str | None = None
+        self.sent = 0
         self.done = asyncio.Event()
         self.t0 = 0.0
 
@@ -136,6 +138,7 @@ class _Load:
 
     async def send(self, client: httpx.AsyncClient, index: int) -> None:
         record = self.records[index]
+        record.rank, self.sent = self.sent, self.sent + 1
         record.prompt = self.prompt_for(index)
         body = self.payload(record.prompt, int(self.requests.output_tokens[index]))
         try:
@@ -224,16 +227,17 @@ class _Load:
         """The sent requests counted against a TTFT bound: late ones (by outcome) and failed."""
         now = self.now()
         late_ok = late_in_flight = failed = warmup_failed = 0
-        for index, record in enumerate(self.records):
+        for record in self.records:
             if math.isnan(record.send):
                 continue
+            warming = 0 <= record.rank < self.warmup_requests
             if record.error:
-                if index < self.warmup_requests:
+                if warming:
                     warmup_failed += 1
                 else:
                     failed += 1
                 continue
-            if index < self.warmup_requests:
+            if warming:
                 continue
             # A token that streamed as empty text is a token: its chunk ends the wait too.
             first = record.first if not math.isnan(record.first) else record.first_chunk
@@ -306,6 +310,7 @@ class _Load:
         assert sessions is not None, "a workload with sessions"
         while index >= 0:
             record = self.records[index]
+            record.rank, self.sent = self.sent, self.sent + 1
             record.send = record.finish = self.now()
             record.error = "not sent: an earlier turn of its session failed"
             index = int(sessions.following[index])

@@ -41,7 +41,7 @@ class SessionPlan:
     think_s: np.ndarray  # per request, the pause after the previous turn's answer (0: first)
     new_tokens: np.ndarray  # per request, the prompt tokens of its own (the rest is history)
     # per request, the history it brings from before the test (an in-progress session's first
-    # turn in it; else 0): the engine is warmed with it (runners.sim.session_turns, the load
+    # turn in it; else 0): the engine is warmed with it (runners.sim.arrivals, the load
     # generator's warm-up)
     carried: np.ndarray
     firsts: np.ndarray  # each session's first turn in the test, in session order
@@ -92,22 +92,29 @@ def plan_sessions(
 
     rate = arrival.rate / float(counts.mean())  # Little's law: turns then come at the rate
     warm_s = WARM_START_SPANS * (sessions.turns.bounds[1] - 1) * sessions.think_time_s
-    counts = np.concatenate([counts, sample_lengths(sessions.turns, math.ceil(warm_s * rate), own)])
-    turns = _Turns(counts, _think_times(counts, sessions.think_time_s, own))
-    starts = open_arrivals(arrival, counts.size, rate, rng) - warm_s
-    started = int(np.searchsorted(starts, 0.0))  # before the test
+    burst_end = 0 if workload.burst is None else workload.burst.indices()[1]
+    extra = math.ceil(warm_s * rate) + 1
+    while True:  # enough sessions that n turns come from time 0 (a bursty start may need more)
+        drawn = np.concatenate([counts, sample_lengths(sessions.turns, extra, own)])
+        turns = _Turns(drawn, _think_times(drawn, sessions.think_time_s, own))
+        starts = open_arrivals(arrival, drawn.size, rate, rng) - warm_s
+        started = int(np.searchsorted(starts, 0.0))  # before the test
+        waited = np.cumsum(turns.think)
+        at = starts[turns.session] + (waited - waited[turns.first_of][turns.session])
+        if np.count_nonzero(at >= 0) >= n and drawn.size - started >= burst_end:
+            break
+        extra = 2 * extra + n
     if workload.burst is not None:  # it counts the sessions started in the test
         fresh = starts[started:]
         fresh[:] = (
             with_burst(fresh - fresh[0], *workload.burst.indices(), workload.burst.multiple)
             + fresh[0]
         )
-    waited = np.cumsum(turns.think)
-    at = starts[turns.session] + (waited - waited[turns.first_of][turns.session])
+        at = starts[turns.session] + (waited - waited[turns.first_of][turns.session])
     in_test = np.flatnonzero(at >= 0)
     test = np.zeros(at.size, bool)
     test[in_test[np.argsort(at[in_test], kind="stable")[:n]]] = True
-    going = np.bincount(turns.session[test], minlength=counts.size) > 0
+    going = np.bincount(turns.session[test], minlength=drawn.size) > 0
     before = going[turns.session] & ~test & (at < 0)  # an in-progress session's history
     turns.new[test], turns.out[test] = new_tokens, output_tokens
     turns.new[before] = sample_lengths(workload.input_tokens, int(before.sum()), own)

@@ -6,6 +6,7 @@ hands to the cache. A mixin of runners.sim.engine.Simulation, whose state it rea
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from runners.load.workload import NO_PREFIX
 from runners.sim.prefix_cache import PrefixCache
@@ -13,6 +14,9 @@ from runners.sim.prefix_cache import PrefixCache
 
 class Admission:
     waiting: deque[int]
+    swapped: dict[int, int]  # runners.sim.swap's
+    restored: list[int]
+    _swap_back: Callable[[int], tuple[int, float]]
     stats: dict[str, int]
     reload_s: float
     prefix_cache: PrefixCache | None
@@ -60,7 +64,7 @@ class Admission:
 
     def _cache_prefix(self, request: int) -> None:
         """A request that computed its shared prefix hands those blocks to the cache (a
-        session's history is handed over when its turn ends: runners.sim.session_turns)."""
+        session's history is handed over when its turn ends: runners.sim.arrivals)."""
         cache, prefix = self.prefix_cache, self.prefix[request]
         if cache is None or prefix < 0 or self.cached[request]:
             return
@@ -74,7 +78,7 @@ class Admission:
         tokens = prefix = 0
         pairs = 0.0
         for i in batch:
-            prompt, cached = self.prompt[i], self.cached[i]
+            prompt, cached = self.prompt[i], self.cached[i] + self.restored[i]
             tokens += prompt - cached
             pairs += prompt * (prompt + 1) / 2 - cached * (cached + 1) / 2
             prefix += cached
@@ -88,6 +92,17 @@ class Admission:
         cache = self.prefix_cache
         while self.waiting and len(batch) < min(seats, limit):
             request = self.waiting[0]
+            if request in self.swapped:  # it copies its context back: runners.sim.swap
+                need = self._blocks_for(self.prompt[request] + 1)
+                if (tokens + 1 > budget and batch) or not self._free_up(need):
+                    break
+                self.waiting.popleft()
+                self._take(need)
+                self.blocks[request] = need
+                self.reload_s += self._swap_back(request)[1]
+                batch.append(request)
+                tokens += 1
+                continue
             found, reload_s = self._acquire_prefix(request)
             computed = self.prompt[request] - found
             stored = None if reload_s is None else cache.host[self.prefix[request]]  # type: ignore[union-attr]

@@ -26,10 +26,11 @@ import numpy as np
 from runners.load.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
 from runners.load.workload import NO_PREFIX, Requests
 from runners.sim.admission import Admission
+from runners.sim.arrivals import Arrivals
 from runners.sim.costs import CostModel
 from runners.sim.prefix_cache import PrefixCache
 from runners.sim.scheduler import Scheduler, TraceStep
-from runners.sim.session_turns import SessionTurns
+from runners.sim.swap import Swapping, SwapSpace
 
 
 class _Due(NamedTuple):
@@ -41,7 +42,7 @@ class _Due(NamedTuple):
     version: int
 
 
-class Simulation(Admission, SessionTurns):
+class Simulation(Admission, Arrivals, Swapping):
     def __init__(
         self,
         cost: CostModel,
@@ -51,6 +52,7 @@ class Simulation(Admission, SessionTurns):
         block_tokens: int,
         ttft_bound_s: float | None = None,
         prefix_cache: PrefixCache | None = None,
+        swap: SwapSpace | None = None,
     ):
         self.cost, self.scheduler, self.block_tokens = cost, scheduler, block_tokens
         # Early rejection as the load generator does it: stop once the TTFT p99 bound is
@@ -81,6 +83,8 @@ class Simulation(Admission, SessionTurns):
         self.arrivals = requests.arrival_s  # None: a closed loop of `concurrency` in flight
         self.concurrency = requests.concurrency
         self.next_arrival = 0
+        self.sent_rank = [0] * planned  # its place in the send order (the warm-up's first)
+        self.sent_count = 0
         self.waiting: deque[int] = deque()
         self.decoding: dict[int, None] = {}  # admission order: the last one is preempted first
         self.prefilling: dict[int, int] = {}  # chunked policy: request -> prompt tokens done
@@ -101,6 +105,7 @@ class Simulation(Admission, SessionTurns):
         }
         if prefix_cache is not None:
             self.stats |= {"prefix_lookups": 0, "prefix_hits": 0}
+        self._init_swap(swap, planned)
         # When a list: one entry per step.
         self.trace: list[TraceStep] | None = None
         self.sessions = requests.sessions
@@ -108,35 +113,15 @@ class Simulation(Admission, SessionTurns):
         if self.sessions is not None:
             self._plan_turns(requests.arrival_s, requests.concurrency)
 
-    # --- arrivals -------------------------------------------------------------------------
-    def _arrive(self, request: int, send_s: float) -> None:
-        self.send[request] = send_s
-        self.waiting.append(request)
-        self.next_arrival += 1
-
-    def _admit_arrivals(self) -> None:
-        if self.sessions is not None:
-            self._admit_turns()
-            return
-        planned = len(self.prompt)
-        arrivals = self.arrivals
-        if arrivals is None:
-            if self.next_arrival == 0:
-                if self.concurrency is None:  # make_requests gives one or the other
-                    raise ValueError("requests without arrival times need a concurrency")
-                for i in range(min(self.concurrency, planned)):
-                    self._arrive(i, 0.0)
-            return
-        while self.next_arrival < planned and arrivals[self.next_arrival] <= self.now:
-            self._arrive(self.next_arrival, float(arrivals[self.next_arrival]))
-
     # --- KV blocks ------------------------------------------------------------------------
     def _preempt_last(self) -> None:
-        """Recompute policy: the newest request gives back its blocks and waits at the front."""
+        """The newest request gives back its blocks and waits at the front, to recompute what it
+        had or, a decoding one, to swap it back (runners.sim.swap)."""
         self.stats["preemptions"] += 1
         if self.prefilling:
             request = next(reversed(self.prefilling))
             del self.prefilling[request]
+            self.restored[request] = 0
         else:
             request = next(reversed(self.decoding))
             del self.decoding[request]
@@ -145,6 +130,7 @@ class Simulation(Admission, SessionTurns):
             # the prompt and every token generated so far
             self.prompt[request] = self.joined_context[request] + decoded
             self.remaining[request] -= decoded
+            self._swap_out(request)
         self.free_blocks += self.blocks[request]
         self.blocks[request] = 0
         self._release_prefix(request)
@@ -176,11 +162,12 @@ class Simulation(Admission, SessionTurns):
     def _first_token(self, request: int) -> None:
         """The request finished its prefill at self.now and produced a token."""
         self._cache_prefix(request)
+        self.restored[request] = 0
         if math.isnan(self.first[request]):
             self.first[request] = self.now
             if (
                 self.ttft_bound_s is not None
-                and request >= self.warmup
+                and self.sent_rank[request] >= self.warmup
                 and self.now + self.latency_s - self.send[request] > self.ttft_bound_s
             ):
                 self.late_first_tokens += 1
@@ -202,14 +189,11 @@ class Simulation(Admission, SessionTurns):
 
     def _finish(self, request: int) -> None:
         self.finish[request] = self.now
-        if self.sessions is not None:  # before its blocks go: its history may stay cached
-            self._next_turn(request)
+        self._answered(request)  # before its blocks go: a session's history may stay cached
         self.free_blocks += self.blocks[request]
         self.blocks[request] = 0
         self._release_prefix(request)
         self.finished_count += 1
-        if self.sessions is None and self.arrivals is None and self.next_arrival < len(self.prompt):
-            self._arrive(self.next_arrival, self.now)
 
     def _retire_decoders(self) -> None:
         heap = self.finish_heap
@@ -231,6 +215,7 @@ class Simulation(Admission, SessionTurns):
         # A step that admitted a prefix from the host tier waits for its blocks first.
         self.now += seconds + self.reload_s
         self.reload_s = 0.0
+        self._new_round()
         stats = self.stats
         stats["steps"] += 1
         decoding = len(self.decoding)
@@ -275,7 +260,7 @@ class Simulation(Admission, SessionTurns):
         budget = scheduler.max_prefill_tokens - len(self.decoding)
         seats = scheduler.max_batch - len(self.decoding) - len(self.prefilling)
         for i in self._pick_prefills(math.inf, seats, seats):
-            self.prefilling[i] = self.cached[i]
+            self.prefilling[i] = self.cached[i] + self.restored[i]
         chunks: list[tuple[int, int]] = []  # (request, its prompt tokens this step)
         tokens = prefix = 0
         pairs = 0.0
@@ -367,13 +352,6 @@ class Simulation(Admission, SessionTurns):
             if self.stats["steps"] == steps:
                 raise RuntimeError("simulation stalled: waiting requests fit nowhere")
         return self._measurement()
-
-    def _next_arrival_s(self) -> float:
-        if self.sessions is not None and self.turn_heap:
-            return self.turn_heap[0][0]
-        if self.sessions is not None or self.arrivals is None:
-            raise RuntimeError("simulation stalled: nothing in flight and nothing to send")
-        return float(self.arrivals[self.next_arrival])
 
     def _measurement(self) -> Measurement:
         """The requests sent so far, in send order; stopped early, the unfinished ones count as

@@ -1,5 +1,5 @@
 """Prefix caching in the simulator: the KV blocks of a shared prompt prefix (or of a session's
-history, runners.sim.session_turns), computed once and kept while memory allows, and a
+history, runners.sim.arrivals), computed once and kept while memory allows, and a
 host-memory tier below it.
 
 As vLLM's and MindIE's block caches do it: only whole blocks are cached (a prefix of S tokens
@@ -39,10 +39,13 @@ class Entry:
 class PrefixCache:
     def __init__(self, prefix_tokens: int, block_tokens: int, host: HostTier | None = None):
         # A shared prefix's entry (sessions' entries are sized as their histories grow).
+        self.block_tokens = block_tokens
         self.blocks = prefix_tokens // block_tokens
         self.tokens = self.blocks * block_tokens
         self.users: dict[int, int] = {}  # resident prefix -> running requests that use it
         self.entries: dict[int, Entry] = {}  # resident prefix -> its size
+        # resident prefix -> the entry its first blocks are (kept resident, used, meanwhile)
+        self.parent: dict[int, int] = {}
         self.idle: OrderedDict[int, None] = OrderedDict()  # unused, least recently used first
         self.idle_blocks = 0  # blocks held by idle prefixes: memory that can be taken back
         self.resident_blocks = 0
@@ -59,20 +62,29 @@ class PrefixCache:
         device."""
         if prefix not in self.users:
             return 0
+        self._use(prefix)
+        return self.entries[prefix].tokens
+
+    def _use(self, prefix: int) -> None:
         self.users[prefix] += 1
         if prefix in self.idle:
             del self.idle[prefix]
             self.idle_blocks -= self.entries[prefix].blocks
-        return self.entries[prefix].tokens
 
     def can_insert(self, prefix: int) -> bool:
         return self.blocks > 0 and prefix not in self.users
 
     def insert(
-        self, prefix: int, blocks: int | None = None, tokens: int | None = None, in_use=True
+        self,
+        prefix: int,
+        blocks: int | None = None,
+        tokens: int | None = None,
+        in_use: bool = True,
+        parent: int | None = None,
     ) -> None:
         """A request computed (or reloaded) the prefix: its blocks are the cache's, used by it
-        (or, `in_use` false, idle). Default size: the shared prefix's."""
+        (or, `in_use` false, idle). Default size: the shared prefix's. `parent`: a resident
+        entry holding its first blocks, used by it while it is resident."""
         entry = Entry(
             self.blocks if blocks is None else blocks, self.tokens if tokens is None else tokens
         )
@@ -82,6 +94,9 @@ class PrefixCache:
         self.entries[prefix] = entry
         self.resident_blocks += entry.blocks
         self.users[prefix] = 1
+        if parent is not None:
+            self.parent[prefix] = parent
+            self._use(parent)
         if not in_use:
             self.release(prefix)
 
@@ -116,9 +131,13 @@ class PrefixCache:
         prefix, _ = self.idle.popitem(last=False)
         del self.users[prefix]
         entry = self.entries.pop(prefix)
-        self.idle_blocks -= entry.blocks
-        self.resident_blocks -= entry.blocks
+        freed = entry.blocks
+        self.idle_blocks -= freed
+        self.resident_blocks -= freed
         self.stats["prefix_evictions"] += 1
+        if prefix in self.parent:
+            self.release(self.parent.pop(prefix))
+            entry = Entry(entry.tokens // self.block_tokens, entry.tokens)  # its copy, whole
         tier = self.host_tier
         if tier is not None and entry.blocks <= tier.blocks:
             self.host[prefix] = entry
@@ -129,7 +148,7 @@ class PrefixCache:
                 _, dropped = self.host.popitem(last=False)
                 self.host_blocks -= dropped.blocks
                 self.stats["host_drops"] += 1
-        return entry.blocks
+        return freed
 
     def reload_seconds(self, prefix: int) -> float | None:
         """What reloading a prefix from the host tier takes (None: not there); it is touched,

@@ -23,6 +23,7 @@ from runners.sim.profiles import (
 )
 from runners.sim.router import replica_requests
 from runners.sim.scheduler import Policy, Scheduler
+from runners.sim.swap import SwapSpace
 from search_spaces.deployment import (
     co_located_only,
     is_disaggregated,
@@ -32,7 +33,7 @@ from search_spaces.deployment import (
     with_deployment,
 )
 from search_spaces.engines import llamacpp_args, violations, vllm_args
-from search_spaces.knobs import KNOBS
+from search_spaces.knobs import KNOBS, MINDIE_SWAP_GB
 from search_spaces.space import KnobRange, SearchSpace
 
 SIM_ENGINES = ("mindie", "vllm", "llamacpp")  # the schedulers the simulator reproduces
@@ -116,8 +117,19 @@ class SimRunner:
         )
 
     def _fit_host_tier(self, space: SearchSpace) -> SearchSpace:
-        """kv_host_gb only where the profile states a host tier, and within its memory."""
-        spec, hardware = space.ranges.get("kv_host_gb"), self.hardware
+        """kv_host_gb and swap_preemptions only where the profile states a host tier (its
+        memory and link), kv_host_gb within its memory."""
+        hardware = self.hardware
+        swaps = space.ranges.get("swap_preemptions")
+        if hardware.host is None and swaps is not None:
+            if "swap_preemptions" in space.user_set and max(swaps.listed() or [swaps.high]):
+                raise InputError(
+                    f"{space.source}: knobs.swap_preemptions: {hardware.name} states no host "
+                    "tier to swap to (hardware profile: host); give one in a --hardware file "
+                    "or leave the knob out"
+                )
+            space = space.drop("swap_preemptions", f"{hardware.name} states no host tier")
+        spec = space.ranges.get("kv_host_gb")
         if spec is None:
             return space
         where = f"{space.source}: knobs.kv_host_gb"
@@ -301,6 +313,7 @@ class _SimSession:
         self.replicas = runner.chips  # co-located: one replica per chip
         self.prefix_caching = bool(config["prefix_caching"])
         self.host_tier = _host_tier(runner, self.cost, float(config.get("kv_host_gb") or 0))
+        self.swap = _swap_space(runner, self.cost, int(config.get("swap_preemptions") or 0))
         self.extra: dict[str, Any] = {}
 
     def measure(
@@ -311,7 +324,9 @@ class _SimSession:
         cache = None
         if self.prefix_caching and (requests.prefix_tokens or requests.sessions is not None):
             cache = PrefixCache(requests.prefix_tokens, self.block, self.host_tier)
-        sim = Simulation(self.cost, self.scheduler, requests, self.blocks, self.block, bound, cache)
+        sim = Simulation(
+            self.cost, self.scheduler, requests, self.blocks, self.block, bound, cache, self.swap
+        )
         try:
             return sim.run()
         except RuntimeError as error:  # a simulator fault is the trial's, never the study's
@@ -329,4 +344,20 @@ def _host_tier(runner: SimRunner, cost: CostModel, gigabytes: float) -> HostTier
         block_seconds=block_bytes / (host.link.bandwidth_gbs.value * 1e9),
         latency_s=host.link.latency_ms.value / 1000,
         block_bytes=block_bytes,
+    )
+
+
+def _swap_space(runner: SimRunner, cost: CostModel, per_step: int) -> SwapSpace | None:
+    """MindIE's swap pool (cpuMemSize, search_spaces.knobs.MINDIE_SWAP_GB) over the host link,
+    where the config swaps."""
+    host = runner.hardware.host
+    if not per_step or host is None or runner.engine != "mindie":
+        return None
+    block_bytes = runner.hardware.kv_block_tokens * cost.kv_bytes_per_token
+    return SwapSpace(
+        blocks=int(MINDIE_SWAP_GB * 1e9 // block_bytes),
+        block_seconds=block_bytes / (host.link.bandwidth_gbs.value * 1e9),
+        latency_s=host.link.latency_ms.value / 1000,
+        block_bytes=block_bytes,
+        per_step=per_step,
     )

@@ -1,4 +1,5 @@
-"""How the engine simulation sends a workload's sessions (runners.load.sessions): a session's first
+"""How requests reach the engine simulation: an open loop's at their arrival times, a closed
+loop's as earlier ones finish, and a workload's sessions (runners.load.sessions): a session's first
 turn when it starts (an open loop) or when a user is free (a closed loop of users), each later
 turn a think time after the previous answer reached the client, and with a prefix cache the
 session's history kept as a cached prefix between its turns, where the next turn finds it if
@@ -7,7 +8,8 @@ memory did not need it meanwhile. A mixin of runners.sim.engine.Simulation.
 A session in progress when the test starts brings its history, warmed into the cache before it
 as memory allows (runners.load.sessions). A session's history is held as one cache entry: the
 whole blocks of its last turn's prompt and answer, less those of the shared prompt it opened
-with (held once, by that prompt's entry, as vLLM's chained block hashes share them). Between
+with (held once, by that prompt's entry, as vLLM's chained block hashes share them, and kept
+resident while the history is: without it the history could not be hit). Between
 turns the entry is idle, the least recently used evicted first (to the host tier where there is
 one): the seed's cold requests.
 """
@@ -28,8 +30,13 @@ def session_key(session: int) -> int:
     return -2 - session
 
 
-class SessionTurns:
+class Arrivals:
     sessions: SessionPlan | None
+    arrivals: np.ndarray | None
+    concurrency: int | None
+    next_arrival: int
+    sent_rank: list[int]
+    sent_count: int
     turn_heap: list[tuple[float, int]]
     next_session: int
     waiting: deque[int]
@@ -45,6 +52,46 @@ class SessionTurns:
     prefix_cache: PrefixCache | None
     latency_s: float
     now: float
+
+    def _arrive(self, request: int, send_s: float) -> None:
+        self._sent(request, send_s)
+        self.next_arrival += 1
+
+    def _sent(self, request: int, send_s: float) -> None:
+        self.send[request] = send_s
+        self.sent_rank[request] = self.sent_count
+        self.sent_count += 1
+        self.waiting.append(request)
+
+    def _admit_arrivals(self) -> None:
+        if self.sessions is not None:
+            self._admit_turns()
+            return
+        planned = len(self.prompt)
+        arrivals = self.arrivals
+        if arrivals is None:
+            if self.next_arrival == 0:
+                if self.concurrency is None:  # make_requests gives one or the other
+                    raise ValueError("requests without arrival times need a concurrency")
+                for i in range(min(self.concurrency, planned)):
+                    self._arrive(i, 0.0)
+            return
+        while self.next_arrival < planned and arrivals[self.next_arrival] <= self.now:
+            self._arrive(self.next_arrival, float(arrivals[self.next_arrival]))
+
+    def _next_arrival_s(self) -> float:
+        if self.sessions is not None and self.turn_heap:
+            return self.turn_heap[0][0]
+        if self.sessions is not None or self.arrivals is None:
+            raise RuntimeError("simulation stalled: nothing in flight and nothing to send")
+        return float(self.arrivals[self.next_arrival])
+
+    def _answered(self, request: int) -> None:
+        """The request's answer is complete: a closed loop sends its next request."""
+        if self.sessions is not None:
+            self._next_turn(request)
+        elif self.arrivals is None and self.next_arrival < len(self.prompt):
+            self._arrive(self.next_arrival, self.now)
 
     def _plan_turns(self, arrival_s: np.ndarray | None, concurrency: int | None) -> None:
         plan = self.sessions
@@ -73,20 +120,21 @@ class SessionTurns:
         if cache is None or arrival_s is None:
             return
         bringing = np.flatnonzero(plan.carried > 0)
-        for request in bringing[np.argsort(-arrival_s[bringing], kind="stable")]:
+        kept: list[tuple[int, int]] = []
+        for request in bringing[np.argsort(arrival_s[bringing], kind="stable")]:
             blocks = int(plan.carried[request]) // self.block_tokens
-            if blocks == 0 or blocks > self.free_blocks:
-                continue
+            if 0 < blocks <= self.free_blocks:  # the soonest needed first
+                self.free_blocks -= blocks
+                kept.append((int(request), blocks))
+        for request, blocks in reversed(kept):  # and the most recently used
             key = session_key(int(plan.session[request]))
             cache.insert(key, blocks, blocks * self.block_tokens, in_use=False)
-            self.free_blocks -= blocks
 
     def _admit_turns(self) -> None:
         heap = self.turn_heap
         while heap and heap[0][0] <= self.now:
             send_s, request = heapq.heappop(heap)
-            self.send[request] = send_s
-            self.waiting.append(request)
+            self._sent(request, send_s)
 
     def _next_turn(self, request: int) -> None:
         """The request's answer is complete: its session's next turn (or, a closed loop's user
@@ -118,7 +166,9 @@ class SessionTurns:
         if self.prefix[request] == key and self.cached[request]:
             cache.grow(key, moved, whole * self.block_tokens)
         elif moved and key not in cache.users:
-            cache.insert(key, moved, whole * self.block_tokens, in_use=False)
+            # It extends the shared prompt it found cached, which it keeps resident.
+            opened_with = self.prefix[request] if held else None
+            cache.insert(key, moved, whole * self.block_tokens, in_use=False, parent=opened_with)
         else:
             return
         self.blocks[request] -= moved
