@@ -74,6 +74,9 @@ VLLM_CONFIG = {
 }
 
 
+LLAMA_CONFIG = {"max_prefill_tokens": 512, "quantization": "bf16", "kv_compression": 1.0}
+
+
 def ttft_p50_ms(m) -> float:
     return float(np.median(m.first_token_s - m.send_s)) * 1000
 
@@ -86,13 +89,7 @@ def test_llama_server_computes_the_shared_prompt_once_per_slot(
     scenario = shared_prompt_scenario()
     runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
     names = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_seconds_total")
-    config = {
-        "batch_size": 2,
-        "max_prefill_tokens": 512,
-        "quantization": "bf16",
-        "kv_compression": 1.0,
-    }
-    runs = on_and_off(runner, config, scenario, names)
+    runs = on_and_off(runner, LLAMA_CONFIG | {"batch_size": 2}, scenario, names)
     computed = {caching: delta[names[0]] for caching, (_, delta) in runs.items()}
     print(
         "llama-server: prompt tokens computed",

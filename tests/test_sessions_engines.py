@@ -14,7 +14,13 @@ import numpy as np
 from objectives.scenario import Scenario
 from runners.load.workload import make_requests
 from testing.engines import engine_scenario
-from tests.test_prefix_cache_engines import VLLM_CONFIG, on_and_off, ttft_p50_ms, vllm_runner
+from tests.test_prefix_cache_engines import (
+    LLAMA_CONFIG,
+    VLLM_CONFIG,
+    on_and_off,
+    ttft_p50_ms,
+    vllm_runner,
+)
 from tests.test_runner_llamacpp import make_runner
 
 REQUESTS = 32
@@ -53,13 +59,7 @@ def test_llama_server_serves_each_users_history_from_its_slot(
     scenario = chat_scenario({"kind": "closed", "concurrency": 2})
     runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
     names = ("llamacpp:prompt_tokens_total",)
-    config = {
-        "batch_size": 4,
-        "max_prefill_tokens": 512,
-        "quantization": "bf16",
-        "kv_compression": 1.0,
-    }
-    runs = on_and_off(runner, config, scenario, names)
+    runs = on_and_off(runner, LLAMA_CONFIG | {"batch_size": 4}, scenario, names)
     computed = {caching: delta[names[0]] for caching, (_, delta) in runs.items()}
     history, prompts = planned_history(scenario)
     print(
