@@ -34,6 +34,9 @@ class Knob:
     )  # an engine's subset of values
     # The low limit itself is not allowed (a memory share of 0 holds nothing).
     low_exclusive: bool = False
+    # Why an engine without a renderer lacks the knob, where a config that sets it (a true or
+    # non-zero value) means something that engine's form cannot carry (the export says so).
+    lacking: dict[str, str] = field(default_factory=dict)
 
 
 def _schedule(field_name: str, convert: Callable[[Any], Any] = int) -> Renderer:
@@ -229,9 +232,12 @@ KNOBS: dict[str, Knob] = {
             "float",
             "GiB of host memory evicted prefix blocks move to and are reloaded from (0: none)",
             limits=(0.0, 100_000.0),
-            # MindIE's DRAM pool (kvPoolConfig) names a backend autotune cannot verify, and its
-            # cpuMemSize is swap space for preemption, not a cache tier: not expressed.
             render={"vllm": _vllm_kv_host, "llamacpp": _llamacpp_kv_host},
+            lacking={
+                "mindie": "MindIE's host pool for cached prefixes (kvPoolConfig) names a backend "
+                "autotune cannot verify, and its cpuMemSize is swap space for preemption, not a "
+                "cache tier (search_spaces/memory-options.md)"
+            },
         ),
         Knob(
             "swap_preemptions",
@@ -240,6 +246,10 @@ KNOBS: dict[str, Knob] = {
             "rather than recomputing it later (MindIE maxPreemptCount; 0: recompute only)",
             limits=(0, 5000),
             render={"mindie": _mindie_swaps},
+            lacking={
+                "vllm": "vLLM V1 preempts by recompute only (search_spaces/memory-options.md)",
+                "llamacpp": "llama-server does not preempt: a request waits for a free slot",
+            },
         ),
         Knob(
             "max_prefill_batch_size",

@@ -177,6 +177,12 @@ class SearchSpace:
                 raise InputError(f"{source}: knobs.{name}: unknown knob; known: {', '.join(KNOBS)}")
             _check_range(knob, spec, source)
             if engine not in knob.render:
+                if name in user_set and spec.value:  # a setting the study could not honour
+                    why = knob.lacking.get(engine, "it has no such setting")
+                    raise InputError(
+                        f"{source}: knobs.{name}: {engine} cannot express it ({why}); leave it "
+                        "out or study an engine that has it"
+                    )
                 notes.append(f"{name} dropped: {engine} cannot express it")
                 del ranges[name]
         space = cls(engine, ranges, notes, f"--space {user_file}" if user_file else "", user_set)

@@ -161,6 +161,17 @@ CASES = {
         ],
         "--chips: a burst (workload.burst of --scenario",
     ),
+    "a knob the engine lacks, fixed in --space": (
+        lambda tmp, sc: [
+            "--scenario",
+            str(sc),
+            "--engine",
+            "vllm",
+            "--space",
+            _write(tmp / "space.yaml", "knobs:\n  swap_preemptions: {value: 4}\n"),
+        ],
+        "knobs.swap_preemptions: vllm cannot express it (vLLM V1 preempts by recompute only",
+    ),
     "sessions of 0 turns": (
         lambda tmp, sc: [
             "--scenario",

@@ -14,6 +14,7 @@ from runners.sim.runner import DEFAULTS, SimRunner, _swap_space
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace
 from tests.test_prefix_cache import host_profile
+from tuner.export import native_forms
 
 
 def test_the_knob_is_mindies_max_preempt_count_with_its_swap_pool():
@@ -28,6 +29,22 @@ def test_the_knob_is_mindies_max_preempt_count_with_its_swap_pool():
     }
     for engine in ("vllm", "llamacpp"):  # vLLM V1 and llama-server have no swap
         assert render(engine, {"swap_preemptions": 4}) == {}
+
+
+def test_an_export_says_which_engines_lack_the_memory_knobs_it_set():
+    """Each engine's form carries what it can and names what it cannot: a MindIE deployment
+    gets no host tier, vLLM and llama-server no swaps (they run without what was measured)."""
+    knobs = CONFIG | {"prefix_caching": True, "kv_host_gb": 16.0, "swap_preemptions": 4}
+    forms = native_forms(knobs, load_scenario("multi-turn-chat").workload)
+    assert set(forms["mindie"]["not_expressed"]) == {"kv_host_gb"}
+    assert forms["mindie"]["config_json"]["BackendConfig"]["ScheduleConfig"]["maxPreemptCount"] == 4
+    for engine in ("vllm", "llamacpp"):
+        assert set(forms[engine]["not_expressed"]) == {"swap_preemptions"}
+    assert "--kv-offloading-size" in forms["vllm"]["serve_args"]
+    quiet = native_forms(
+        CONFIG | {"swap_preemptions": 0}, load_scenario("multi-turn-chat").workload
+    )
+    assert all("not_expressed" not in form for form in quiet.values())  # 0: nothing set
 
 
 def test_it_is_searched_where_sessions_grow_contexts():

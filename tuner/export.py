@@ -18,7 +18,7 @@ from objectives.scenario import Scenario, Workload
 from objectives.userfile import load_yaml
 from search_spaces.deployment import deployment_label, is_disaggregated
 from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
-from search_spaces.knobs import LLAMACPP_GGUF_TYPES, render
+from search_spaces.knobs import KNOBS, LLAMACPP_GGUF_TYPES, render
 from tuner.cost import CHIP_COST_ATTR, cost_figures
 from tuner.export_pd import pd_forms, replicated
 from tuner.hold import HOLD_ATTR, held_capacity
@@ -142,9 +142,22 @@ def native_forms(
             )
         except ValueError as error:  # a knob value the engine has no setting for
             forms[name] = {"not_expressible": str(error)}
+        lacks = lacking(name, knobs)
+        if lacks and "not_expressible" not in forms[name]:
+            forms[name]["not_expressed"] = lacks
     if chips is not None and chips > 1:
         forms = {name: replicated(form, chips) for name, form in forms.items()}
     return forms
+
+
+def lacking(engine: str, knobs: dict[str, Any]) -> dict[str, str]:
+    """The knobs the config sets that the engine's form leaves out, and why (the engine runs
+    without them: what was measured with them does not carry over)."""
+    return {
+        name: KNOBS[name].lacking[engine]
+        for name, value in knobs.items()
+        if value and name in KNOBS and engine in KNOBS[name].lacking
+    }
 
 
 # Trial attributes that are no measurement of the config (or too long for a deploy file).

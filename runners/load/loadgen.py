@@ -85,7 +85,8 @@ class _Record:
     gaps: list[float] = field(default_factory=list)
     rank: int = -1  # its place in the send order (the warm-up is the first sent)
     prompt: str = ""  # as sent (a session's turn carries its history)
-    answer: list[str] = field(default_factory=list)  # the streamed text
+    # the streamed text, kept where a later turn of its session sends it on
+    answer: list[str] | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -131,10 +132,16 @@ class _Load:
         """The request's prompt: with sessions, the history (the previous turn's prompt and
         answer, as the server streamed it) and then its own text."""
         sessions = self.requests.sessions
-        if sessions is None or sessions.previous[index] < 0:
+        if sessions is None:
+            return self.prompts[index]
+        if sessions.following[index] >= 0:
+            self.records[index].answer = []
+        if sessions.previous[index] < 0:
             return self.prompts[index]
         previous = self.records[int(sessions.previous[index])]
-        return previous.prompt + "".join(previous.answer) + self.prompts[index]
+        history = previous.prompt + "".join(previous.answer or [])
+        previous.prompt, previous.answer = "", None  # sent on: the history is this turn's now
+        return history + self.prompts[index]
 
     async def send(self, client: httpx.AsyncClient, index: int) -> None:
         record = self.records[index]
@@ -198,7 +205,8 @@ class _Load:
                 if choices and math.isnan(record.first_chunk):
                     record.first_chunk = stamp
                 if choices and choices[0].get("text"):
-                    record.answer.append(choices[0]["text"])
+                    if record.answer is not None:
+                        record.answer.append(choices[0]["text"])
                     if last_text_s is None:
                         record.first = stamp
                         self._check_rejection()
