@@ -229,7 +229,8 @@ class SearchSpace:
         """The space for this workload: prefix caching only where prompts share a prefix or a
         session's turns share its history (else every value measures alike, and trials spent
         on it are lost), and max_prefill_tokens' floor at the longest prompt (below it no
-        prompt could start)."""
+        prompt could start on MindIE or on vLLM without chunked prefill; llama-server splits a
+        longer prompt into batches)."""
         space = self
         shared = workload.shared_prefix is not None and workload.shared_prefix.share > 0
         if not shared and workload.sessions is None:
@@ -242,6 +243,8 @@ class SearchSpace:
                     space = space.drop(
                         name, "searched with sessions, whose growing contexts preempt"
                     )
+        if self.engine == "llamacpp":  # llama-server takes a prompt in batches of -b tokens
+            return space
         return space._fit_prefill_floor(workload, scenario_source)
 
     def _fit_prefill_floor(self, workload: Workload, scenario_source: str) -> SearchSpace:
