@@ -272,8 +272,10 @@ class ServedRunner:
         key = (workload.model_dump_json(exclude=rate_free), variant, replicas)
         if key not in self._prompts:
             seed = workload.seed + 7919 * variant
-            prompts = prompt_maker.for_requests(requests, seed, prefix_seed=workload.seed + 104729)
             histories = prompt_maker.session_histories(requests, seed)
+            prompts = prompt_maker.for_requests(
+                requests, seed, prefix_seed=workload.seed + 104729, histories=histories
+            )
             warm = [histories[request] for request in sorted(histories, reverse=True)]
             self._prompts[key] = (prompts, warm)
         prompts, warm = self._prompts[key]

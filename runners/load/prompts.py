@@ -70,14 +70,23 @@ class PromptMaker:
             prompts.append(text)
         return prompts
 
-    def for_requests(self, requests: Requests, seed: int, prefix_seed: int) -> list[str]:
+    def for_requests(
+        self,
+        requests: Requests,
+        seed: int,
+        prefix_seed: int,
+        histories: dict[int, str] | None = None,
+    ) -> list[str]:
         """Each request's prompt: its shared prefix's text (the same for every load of the
         workload, so an engine's prefix cache can hit across loads), then text of its own.
         With sessions, a turn's own text only: the load generator puts its session's history
-        (earlier prompts and the answers streamed) before it."""
+        (earlier prompts and the answers streamed) before it; an in-progress session's first
+        turn opens with its `histories` text (session_histories', made here if not given)."""
         if requests.sessions is not None:
             own = self._own_text(requests, requests.sessions.new_tokens, seed, prefix_seed)
-            for request, history in self.session_histories(requests, seed).items():
+            if histories is None:
+                histories = self.session_histories(requests, seed)
+            for request, history in histories.items():
                 own[request] = history + own[request]
             return own
         return self._own_text(requests, requests.input_tokens, seed, prefix_seed)

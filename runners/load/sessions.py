@@ -99,8 +99,7 @@ def plan_sessions(
         turns = _Turns(drawn, _think_times(drawn, sessions.think_time_s, own))
         starts = open_arrivals(arrival, drawn.size, rate, rng) - warm_s
         started = int(np.searchsorted(starts, 0.0))  # before the test
-        waited = np.cumsum(turns.think)
-        at = starts[turns.session] + (waited - waited[turns.first_of][turns.session])
+        at = turns.times(starts)
         if np.count_nonzero(at >= 0) >= n and drawn.size - started >= burst_end:
             break
         extra = 2 * extra + n
@@ -110,7 +109,7 @@ def plan_sessions(
             with_burst(fresh - fresh[0], *workload.burst.indices(), workload.burst.multiple)
             + fresh[0]
         )
-        at = starts[turns.session] + (waited - waited[turns.first_of][turns.session])
+        at = turns.times(starts)
     in_test = np.flatnonzero(at >= 0)
     test = np.zeros(at.size, bool)
     test[in_test[np.argsort(at[in_test], kind="stable")[:n]]] = True
@@ -140,6 +139,11 @@ class _Turns:
         self.new = np.zeros(think.size, np.int64)
         self.out = np.zeros(think.size, np.int64)
         self.carried = np.zeros(think.size, np.int64) if history is None else history
+
+    def times(self, starts: np.ndarray) -> np.ndarray:
+        """Per turn, when it is planned: its session's start and the think times before it."""
+        waited = np.cumsum(self.think)
+        return starts[self.session] + (waited - waited[self.first_of][self.session])
 
     def history(self) -> np.ndarray:
         """Per turn, the tokens of its session's earlier prompts and answers."""

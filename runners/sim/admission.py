@@ -16,7 +16,7 @@ class Admission:
     waiting: deque[int]
     swapped: dict[int, int]  # runners.sim.swap's
     restored: list[int]
-    _swap_back: Callable[[int], tuple[int, float]]
+    _swap_back: Callable[[int], float]
     stats: dict[str, int]
     reload_s: float
     prefix_cache: PrefixCache | None
@@ -99,7 +99,7 @@ class Admission:
                 self.waiting.popleft()
                 self._take(need)
                 self.blocks[request] = need
-                self.reload_s += self._swap_back(request)[1]
+                self.reload_s += self._swap_back(request)
                 batch.append(request)
                 tokens += 1
                 continue

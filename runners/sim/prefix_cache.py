@@ -88,9 +88,7 @@ class PrefixCache:
         entry = Entry(
             self.blocks if blocks is None else blocks, self.tokens if tokens is None else tokens
         )
-        stale = self.host.pop(prefix, None)  # the device's copy is the newer
-        if stale is not None:
-            self.host_blocks -= stale.blocks
+        self.take_from_host(prefix)  # the device's copy is the newer
         self.entries[prefix] = entry
         self.resident_blocks += entry.blocks
         self.users[prefix] = 1

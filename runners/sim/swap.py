@@ -63,14 +63,14 @@ class Swapping:
         self.stats["kv_swapped_out_mb"] += round(moved * swap.block_bytes / 1e6)
         return True
 
-    def _swap_back(self, request: int) -> tuple[int, float]:
-        """A swapped request admitted again: the context tokens it gets back, and the seconds
-        the copy takes (its pool blocks are freed)."""
+    def _swap_back(self, request: int) -> float:
+        """A swapped request admitted again gets all but one token of its context back: the
+        seconds the copy takes (its pool blocks are freed)."""
         moved = self.swapped.pop(request)
         self.swap_used -= moved
         self.stats["swaps_in"] += 1
         self.restored[request] = self.prompt[request] - 1
-        return self.restored[request], self._copy_seconds(moved)
+        return self._copy_seconds(moved)
 
     def _copy_seconds(self, blocks: int) -> float:
         assert self.swap is not None, "only a swap pool copies"
