@@ -6,6 +6,7 @@ import math
 from importlib import resources
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -17,6 +18,10 @@ from pydantic import (
 )
 
 from objectives import userfile
+
+# A user's reading pace where the SLA bounds no TPOT: the middle of the seed article's
+# 30-100 ms/token range for a streamed answer.
+DEFAULT_READ_MS_PER_TOKEN = 50.0
 
 
 class _Strict(BaseModel):
@@ -155,6 +160,33 @@ class Sessions(_Strict):
 
     turns: LengthDistribution
     think_time_s: Annotated[float, Field(ge=0, le=3600)] = 5.0
+    # How long a user takes over an answer before thinking: the wait for its first token and a
+    # pace per token of it (read as it streams). A later turn is planned this long after the
+    # previous turn's plan (its answer at this pace, then the think time), and sent then, or
+    # a think time after the real answer if that came later: a load offers its rate in full
+    # only while the engine answers at this pace (runners.load.sessions). Unset: the
+    # scenario's SLA, the answer the service promises (TTFT p99 and TPOT p99 bounds; without
+    # a TPOT bound, DEFAULT_READ_MS_PER_TOKEN). A workload outside a scenario: 0, answers
+    # planned as instant.
+    first_token_wait_ms: Annotated[float, Field(ge=0, le=3_600_000)] | None = None
+    read_ms_per_token: Annotated[float, Field(ge=0, le=60_000)] | None = None
+
+    def answer_s(self, output_tokens: np.ndarray) -> np.ndarray:
+        """Per answer of `output_tokens` tokens, the time its user takes over it."""
+        wait, pace = self.first_token_wait_ms or 0.0, self.read_ms_per_token or 0.0
+        return (wait + pace * np.maximum(output_tokens - 1, 0)) / 1000.0
+
+    def paced_by(self, sla: SLA) -> Sessions:
+        """Unset paces taken from the SLA (the field's rule)."""
+        wait, pace = self.first_token_wait_ms, self.read_ms_per_token
+        if pace is None:
+            pace = DEFAULT_READ_MS_PER_TOKEN if sla.tpot_p99_ms is None else sla.tpot_p99_ms
+        return self.model_copy(
+            update={
+                "first_token_wait_ms": sla.ttft_p99_ms if wait is None else wait,
+                "read_ms_per_token": pace,
+            }
+        )
 
 
 class Burst(_Strict):
@@ -368,6 +400,22 @@ class Scenario(_Strict):
     def _none_means_unconstrained(cls, value: Any) -> Any:
         # `quality: none` says so in words where a preset's copy drops its quality SLO
         return None if value == "none" else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sessions_paced_by_the_sla(cls, data: Any) -> Any:
+        # before: the models are frozen once built (Sessions' pace fields)
+        if not isinstance(data, dict):
+            return data
+        try:
+            workload = Workload.model_validate(data["workload"])
+            sla = SLA.model_validate(data["sla"])
+        except (KeyError, ValueError):
+            return data  # the fields' own validation says what is wrong
+        if workload.sessions is None:
+            return data
+        paced = workload.model_copy(update={"sessions": workload.sessions.paced_by(sla)})
+        return {**data, "workload": paced}
 
     @model_validator(mode="after")
     def _burst_in_a_fixed_load(self):

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from objectives.scenario import Scenario, load_scenario
+from objectives.scoring import constraint_values, is_feasible
+from runners.load.capacity import evaluate
 from runners.load.measurement import summarize
 from runners.load.workload import make_requests
 from runners.sim.engine import Simulation
@@ -80,12 +82,96 @@ def test_turns_come_at_the_rate_from_the_tests_start_to_its_end():
     starts = fresh_starts(requests)
     assert (starts.size - 1) / (starts[-1] - starts[0]) == pytest.approx(0.5, rel=0.05)
     planned = requests.arrival_s
-    assert planned[0] >= 0 and (np.diff(planned) >= 0).all()  # in send order, answers at once
+    assert planned[0] >= 0 and (np.diff(planned) >= 0).all()  # in planned order
     for part in (planned, planned[:300], planned[-300:]):
         assert (part.size - 1) / (part[-1] - part[0]) == pytest.approx(2.0, rel=0.2)
     assert len(requests) == 4000 and np.bincount(plan.session).min() >= 1
     in_progress = plan.count - starts.size
     assert in_progress > 30  # about 0.5/s x 90 s, less those with no turn left
+
+
+def test_a_later_turn_is_planned_after_the_previous_answer_at_the_slas_pace():
+    """customer-service's SLA: a first token within 500 ms, then one per 100 ms. A user takes
+    0.5 + 99 x 0.1 = 10.4 s over a 100-token answer, then thinks: that far apart are the plans
+    of a session's consecutive turns."""
+    arrival = {"kind": "poisson", "rate": 2.0}
+    requests = make_requests(chat(FIXED_3, 20.0, arrival, requests=200).workload)
+    plan = requests.sessions
+    assert plan is not None and requests.arrival_s is not None
+    later = np.flatnonzero(plan.previous >= 0)
+    gaps = requests.arrival_s[later] - requests.arrival_s[plan.previous[later]]
+    np.testing.assert_allclose(gaps, 10.4 + plan.think_s[later])
+
+
+def test_the_users_pace_is_the_slas_unless_the_file_sets_it():
+    paced = chat(FIXED_3).workload.sessions
+    assert paced is not None
+    assert (paced.first_token_wait_ms, paced.read_ms_per_token) == (500, 100)
+    data = chat(FIXED_3).model_dump(mode="json")
+    data["sla"]["tpot_p99_ms"] = None
+    data["workload"]["sessions"] = {"turns": FIXED_3, "read_ms_per_token": None}
+    default = Scenario.model_validate(data).workload.sessions
+    assert default is not None  # no TPOT bound: the middle of the seed's 30-100 ms/token
+    assert (default.first_token_wait_ms, default.read_ms_per_token) == (500, 50)
+    data["workload"]["sessions"] = {"turns": FIXED_3, "read_ms_per_token": 20.0}
+    assert Scenario.model_validate(data).workload.sessions.read_ms_per_token == 20.0
+
+
+def sim_load(scenario: Scenario, rate: float, requests: int):
+    workload = scenario.at_rate(rate).model_copy(update={"num_requests": requests})
+    m = SimRunner().run(DEFAULTS | {"prefix_caching": True}, workload)
+    return m, summarize(m, scenario.sla)
+
+
+def test_turns_go_out_as_planned_while_the_engine_keeps_the_users_pace():
+    """multi-turn-chat at its nominal 4 req/s on the default config: every answer comes within
+    the users' pace, so every turn is sent at its planned time and the load offers its rate."""
+    m, metrics = sim_load(load_scenario("multi-turn-chat"), 4.0, 2000)
+    assert m.ok.all() and m.due_s is not None
+    np.testing.assert_allclose(m.send_s, m.due_s)
+    assert metrics["offered_rps"] == pytest.approx(4.0, rel=0.05)
+    assert metrics["delivered_share"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_turns_behind_their_plan_leave_the_load_unsustained():
+    """At 30 req/s the default config answers slower than its users' pace: turns wait for late
+    answers, so the engine is sent far less than the plan offers (a short load of turns sent
+    as answers came met such a rate: the claim that failed to hold, issue 29). The turns
+    waiting are backlog: the load is not sustained."""
+    scenario = load_scenario("multi-turn-chat")
+    m, metrics = sim_load(scenario, 30.0, 4000)
+    assert m.due_s is not None and (m.send_s > m.due_s + 1.0).mean() > 0.3
+    assert metrics["offered_rps"] < 0.8 * 30
+    assert metrics["delivered_share"] < 0.8
+    assert constraint_values(metrics, scenario.sla)["sustained"] > 0
+
+
+def test_a_session_capacity_holds_sixteen_times_longer():
+    """multi-turn-chat's default export (batch 544 decode-first, w8a8 / KV 0.5, prefix cache;
+    before turns were paced it claimed 45 req/s and a 16x load of it served 18): over 16x the
+    preset's requests at the capacity found the engine serves at least 90% of that rate, and
+    at 95% of it every SLO holds (the export's hold steps down by 5%)."""
+    scenario = load_scenario("multi-turn-chat")
+    config = DEFAULTS | {
+        "batch_size": 544,
+        "select_batch": "decode-first",
+        "max_prefill_tokens": 7680,
+        "quantization": "w8a8",
+        "kv_compression": 0.5,
+        "max_prefill_batch_size": 7,
+        "prefix_caching": True,
+        "swap_preemptions": 7,
+    }
+    runner = SimRunner()
+    rate = evaluate(runner, config, scenario).metrics["capacity_rate"]
+    assert rate is not None and rate > 4.0
+    requests = 16 * scenario.workload.num_requests
+    for share in (1.0, 0.95):
+        long = scenario.at_rate(rate * share).model_copy(update={"num_requests": requests})
+        with runner.session(config, long) as session:
+            held = summarize(session.measure(long, scenario.sla), scenario.sla)
+        assert held["delivered_rps"] >= 0.9 * rate * share, held
+    assert is_feasible(constraint_values(held, scenario.sla)), held
 
 
 def test_a_session_in_progress_brings_its_history_into_the_test():

@@ -32,7 +32,14 @@ def chat_scenario(arrival: dict) -> Scenario:
     data = engine_scenario(requests=REQUESTS, output=(16, 24)).model_dump(mode="json")
     data["workload"]["arrival"] = arrival
     data["workload"]["input_tokens"] = {"kind": "uniform", "low": 64, "high": 96}
-    data["workload"]["sessions"] = {"turns": {"kind": "fixed", "value": 4}, "think_time_s": 0.1}
+    # users who read fast: a turn is planned soon after the previous one (what the tiny model
+    # answers in), not the seconds the SLA allows
+    data["workload"]["sessions"] = {
+        "turns": {"kind": "fixed", "value": 4},
+        "think_time_s": 0.1,
+        "first_token_wait_ms": 50.0,
+        "read_ms_per_token": 2.0,
+    }
     return Scenario.model_validate(data)
 
 

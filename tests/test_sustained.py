@@ -67,6 +67,20 @@ def test_the_engine_filling_up_is_left_out():
     assert delivered(_measurement(send, send + latency))[1] == pytest.approx(10.0, rel=1e-3)
 
 
+def test_a_session_turn_waiting_for_a_late_answer_is_backlog():
+    """Turns due at 10 req/s that the client can only send as answers come, at 8 req/s
+    (each sent later than the last): the sends alone show a server that keeps up (done 1 s
+    after each); counted from when each turn was due, the backlog grows by 2 a second, so 8
+    of the 10 are delivered."""
+    due = np.arange(1000) / 10.0
+    send = due * 1.25
+    m = _measurement(send, send + 1.0)
+    assert delivered(m)[1] == pytest.approx(8.0, rel=0.01)
+    m.due_s = due
+    offered, served = delivered(m)
+    assert offered == pytest.approx(10.0) and served == pytest.approx(8.0, rel=0.01)
+
+
 def test_too_short_a_half_is_not_judged():
     send = np.arange(40) / 10.0
     assert delivered(_measurement(send, send + 1.0)) is None

@@ -295,10 +295,12 @@ class _Load:
         await asyncio.gather(*tasks)
 
     async def session(self, client: httpx.AsyncClient, first: int, start_s: float) -> None:
-        """A session's turns in order, each a think time after the previous answer; a turn
-        that failed leaves the rest of its session unsent, counted failed."""
+        """A session's turns in order, each a think time after the previous answer and, in an
+        open loop, not before its planned time (runners.load.sessions); a turn that failed
+        leaves the rest of its session unsent, counted failed."""
         sessions = self.requests.sessions
         assert sessions is not None, "a workload with sessions"
+        planned = self.requests.arrival_s
         delay = start_s - self.now()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -311,7 +313,10 @@ class _Load:
             if not self.records[int(sessions.previous[index])].ok:
                 self._unsent_turns(index)
                 return
-            await asyncio.sleep(float(sessions.think_s[index]))
+            wait = float(sessions.think_s[index])
+            if planned is not None:
+                wait = max(wait, float(planned[index]) - self.now())
+            await asyncio.sleep(wait)
 
     def _unsent_turns(self, index: int) -> None:
         sessions = self.requests.sessions
@@ -423,6 +428,7 @@ def drive(
         warmup=min(load.warmup_requests, len(sent)),
         burst_mask=None if requests.burst is None else requests.burst[order],
         planned_index=None if requests.sessions is None else np.array(order, dtype=np.int64),
+        due_s=requests.due_s(order),
     )
     errors = [record.error for record in sent if record.error]
     measurement.extra["requests_planned"] = len(records)

@@ -18,9 +18,12 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
 - delivered rate: the offered rate less the backlog's growth rate over the second half of the
   measured window (from the first request after the warm-up to the last one sent), both over
   the successful requests (a failed one leaves the backlog; the success rate judges it): the
-  backlog is the requests sent and not yet finished, taken at each send, its growth rate
-  their least-squares slope. The first half is left out because an engine that starts empty
-  fills up to its steady backlog (rate x latency) before it delivers what it is offered.
+  backlog is the requests due and not yet finished, taken when each is due, its growth rate
+  their least-squares slope. A request is due when it is sent, except an open loop's session
+  turn, due at its planned time (runners.load.sessions): one that waits for a late answer is
+  backlog, and the offered rate is the planned one. The first half is left out because an
+  engine that starts empty fills up to its steady backlog (rate x latency) before it delivers
+  what it is offered.
   `delivered_share` is the delivered over the offered rate of that half: 1 when the engine
   keeps up, below when its queue or running batch is still growing (runners.load.capacity requires
   it within objectives.scoring.sustain_tolerance of 1); None when the half holds fewer than
@@ -145,6 +148,9 @@ class Measurement:
     # Per record, the planned request it measures, where records are not in planned order
     # (sessions: sorted by send time)
     planned_index: np.ndarray | None = None
+    # Per record, when it was due, where a runner may send it later (Requests.due_s: an open
+    # loop's session turns); None: when it was sent
+    due_s: np.ndarray | None = None
 
     @classmethod
     def failed(cls, fault: Fault, extra: dict[str, Any] | None = None) -> Measurement:
@@ -200,17 +206,19 @@ def delivered(m: Measurement) -> tuple[float, float] | None:
     None when that half is too short to tell (the module's definition)."""
     if m.sent <= m.warmup:
         return None
-    start, end = float(m.send_s[m.warmup]), float(m.send_s[-1])
+    due = m.send_s if m.due_s is None else m.due_s
+    ranked = np.sort(due)
+    start, end = float(ranked[m.warmup]), float(ranked[-1])
     ok = m.ok.astype(bool)
-    ok_sends = m.send_s[ok]  # a failed request leaves the backlog: the success rate's business
-    half = np.nonzero(ok_sends >= (start + end) / 2)[0]
-    sends = ok_sends[half]
-    if half.size < DELIVERED_MIN_SAMPLES or sends[-1] <= sends[0]:
+    ok_due = np.sort(due[ok])  # a failed request leaves the backlog: the success rate's business
+    half = np.nonzero(ok_due >= (start + end) / 2)[0]
+    times = ok_due[half]
+    if half.size < DELIVERED_MIN_SAMPLES or times[-1] <= times[0]:
         return None
     finished = np.sort(m.finish_s[ok])
-    backlog = half + 1 - np.searchsorted(finished, sends, side="right")
-    growth = float(np.polyfit(sends, backlog, 1)[0])
-    offered = (half.size - 1) / float(sends[-1] - sends[0])
+    backlog = half + 1 - np.searchsorted(finished, times, side="right")
+    growth = float(np.polyfit(times, backlog, 1)[0])
+    offered = (half.size - 1) / float(times[-1] - times[0])
     return offered / m.chips, (offered - growth) / m.chips
 
 

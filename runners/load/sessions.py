@@ -2,10 +2,16 @@
 what each turn's prompt carries, and when each may be sent.
 
 A turn's prompt is its session's history (every earlier prompt and answer) and tokens of its
-own, so its input length is known before the load runs; its send time is not: it follows the
-previous turn's answer by a think time. Requests are numbered in the order they would be sent if
-every answer came at once (a session's start plus its think times), which is how they run when
-the engine keeps up; runners sort what they measure by the real send times.
+own, so its input length is known before the load runs; its send time is only planned: a
+session's start plus, before each turn, the previous answer as its user takes it (the wait for
+its first token and a reading pace per token, objectives.scenario.Sessions) and a think time.
+A runner sends a turn at its planned time, or a think time after the previous answer reached
+the client if that is later: while the engine answers at the users' pace the load offers the
+planned rate exactly, and once it answers slower its turns fall behind their plan, which
+runners.load.measurement's delivered rate counts as backlog (due and not served). Without that
+plan, turns planned as if answers were instant spilled past a short load, which then offered a
+fraction of its nominal rate and met it (multi-turn-chat claimed 45 req/s and held 18).
+Requests are numbered in planned order; runners sort what they measure by the real send times.
 
 An open loop's test starts in its steady state: sessions started before it are in progress, so
 turns arrive at the full rate from the first second, and not only first turns while the test is
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from objectives.scenario import Closed, Workload
+from objectives.scenario import Closed, Sessions, Workload
 from runners.load.draws import open_arrivals, sample_lengths, with_burst
 
 FIRST_TURN = -1  # `previous` of a session's first turn in the test
@@ -70,15 +76,16 @@ def plan_sessions(
     rng: np.random.Generator,
 ) -> PlannedSessions:
     """The workload's num_requests turns as requests in planned send order (the module's
-    rules). The draws of lengths and prefixes, one per request, go to the test's turns in
-    session-major order (turn after turn of session 0, then session 1, ...); an in-progress
-    session's earlier turns draw theirs from the sessions' own stream, as do turn counts and
-    think times. `rng` draws an open loop's session starts. `prefix`: only a session's first
-    turn in the test keeps its draw, lengthened as runners.load.workload does."""
+    rules). A closed loop's test turns take the draws of lengths, one per request, in
+    session-major order (turn after turn of session 0, then session 1, ...); an open loop's
+    turns draw theirs from the sessions' own streams (a turn's plan needs the previous answer's
+    length before the test's turns are known), as do turn counts and think times. `rng` draws
+    an open loop's session starts. `prefix`: only a session's first turn in the test keeps its
+    draw (session-major), lengthened as runners.load.workload does."""
     sessions = workload.sessions
     assert sessions is not None, "a workload with sessions"
     n = workload.num_requests
-    own = np.random.default_rng([workload.seed, 2])  # its own stream: the lengths stay put
+    own = _stream(workload, 2)  # its own stream: the sessions stay put
     counts = sample_lengths(sessions.turns, n, own)  # never more sessions than turns
     arrival = workload.arrival
     if isinstance(arrival, Closed):
@@ -91,15 +98,19 @@ def plan_sessions(
         return _as_requests(workload, turns, None, None, prefix, prefix_tokens)
 
     rate = arrival.rate / float(counts.mean())  # Little's law: turns then come at the rate
-    warm_s = WARM_START_SPANS * (sessions.turns.bounds[1] - 1) * sessions.think_time_s
+    typical_turn_s = sessions.think_time_s + float(
+        sessions.answer_s(np.array([round(workload.output_tokens.typical)]))[0]
+    )
+    warm_s = WARM_START_SPANS * (sessions.turns.bounds[1] - 1) * typical_turn_s
     burst_end = 0 if workload.burst is None else workload.burst.indices()[1]
     extra = math.ceil(warm_s * rate) + 1
     while True:  # enough sessions that n turns come from time 0 (a bursty start may need more)
         drawn = np.concatenate([counts, sample_lengths(sessions.turns, extra, own)])
         turns = _Turns(drawn, _think_times(drawn, sessions.think_time_s, own))
+        turns.draw_lengths(workload)
         starts = open_arrivals(arrival, drawn.size, rate, rng) - warm_s
         started = int(np.searchsorted(starts, 0.0))  # before the test
-        at = turns.times(starts)
+        at = turns.times(starts, sessions)
         if np.count_nonzero(at >= 0) >= n and drawn.size - started >= burst_end:
             break
         extra = 2 * extra + n
@@ -109,15 +120,10 @@ def plan_sessions(
             with_burst(fresh - fresh[0], *workload.burst.indices(), workload.burst.multiple)
             + fresh[0]
         )
-        at = turns.times(starts)
+        at = turns.times(starts, sessions)
     in_test = np.flatnonzero(at >= 0)
     test = np.zeros(at.size, bool)
     test[in_test[np.argsort(at[in_test], kind="stable")[:n]]] = True
-    going = np.bincount(turns.session[test], minlength=drawn.size) > 0
-    before = going[turns.session] & ~test & (at < 0)  # an in-progress session's history
-    turns.new[test], turns.out[test] = new_tokens, output_tokens
-    turns.new[before] = sample_lengths(workload.input_tokens, int(before.sum()), own)
-    turns.out[before] = sample_lengths(workload.output_tokens, int(before.sum()), own)
     history = turns.history()  # of the turns before the test: what a session carries in
     burst_window = None
     if workload.burst is not None:
@@ -140,9 +146,20 @@ class _Turns:
         self.out = np.zeros(think.size, np.int64)
         self.carried = np.zeros(think.size, np.int64) if history is None else history
 
-    def times(self, starts: np.ndarray) -> np.ndarray:
-        """Per turn, when it is planned: its session's start and the think times before it."""
-        waited = np.cumsum(self.think)
+    def draw_lengths(self, workload: Workload) -> None:
+        """Every turn's new and answer tokens, in session-major order, each from a stream of
+        its own: a session keeps its lengths however many sessions a rate draws."""
+        total = self.think.size
+        self.new = sample_lengths(workload.input_tokens, total, _stream(workload, 3))
+        self.out = sample_lengths(workload.output_tokens, total, _stream(workload, 4))
+
+    def times(self, starts: np.ndarray, sessions: Sessions) -> np.ndarray:
+        """Per turn, when it is planned: its session's start and, before it, each earlier
+        turn's answer as its user takes it and the think time."""
+        answered = np.zeros(self.think.size)
+        answered[1:] = sessions.answer_s(self.out[:-1])
+        answered[self.first_of] = 0.0
+        waited = np.cumsum(self.think + answered)
         return starts[self.session] + (waited - waited[self.first_of][self.session])
 
     def history(self) -> np.ndarray:
@@ -157,6 +174,10 @@ class _Turns:
         turns = _Turns(counts[counts > 0], self.think[kept], history[kept])
         turns.new, turns.out = self.new[kept], self.out[kept]
         return turns
+
+
+def _stream(workload: Workload, purpose: int) -> np.random.Generator:
+    return np.random.default_rng([workload.seed, purpose])
 
 
 def _think_times(counts: np.ndarray, mean_s: float, rng: np.random.Generator) -> np.ndarray:

@@ -34,6 +34,14 @@ class Requests:
     def __len__(self) -> int:
         return int(self.input_tokens.size)
 
+    def due_s(self, order: np.ndarray | list[int]) -> np.ndarray | None:
+        """Per request of `order`, when it was due, where a runner may send it later than
+        that: an open loop's session turns wait for the previous answer (runners.load.sessions).
+        None where requests are sent when due (or, a closed loop, never due)."""
+        if self.sessions is None or self.arrival_s is None:
+            return None
+        return self.arrival_s[np.asarray(order, dtype=np.int64)]
+
     def every(self, step: int, arrival_s: np.ndarray | None) -> Requests:
         """Every step-th request (a replica's share), with these arrival times."""
         if self.sessions is not None:  # a session is served whole by one replica

@@ -1,7 +1,8 @@
 """How requests reach the engine simulation: an open loop's at their arrival times, a closed
 loop's as earlier ones finish, and a workload's sessions (runners.load.sessions): a session's first
 turn when it starts (an open loop) or when a user is free (a closed loop of users), each later
-turn a think time after the previous answer reached the client, and with a prefix cache the
+turn a think time after the previous answer reached the client (an open loop's not before its
+planned time, runners.load.sessions), and with a prefix cache the
 session's history kept as a cached prefix between its turns, where the next turn finds it if
 memory did not need it meanwhile. A mixin of runners.sim.engine.Simulation.
 
@@ -145,7 +146,10 @@ class Arrivals:
         following = int(plan.following[request])
         if following >= 0:
             self._keep_history(request)
-            heapq.heappush(self.turn_heap, (answered + float(plan.think_s[following]), following))
+            due = answered + float(plan.think_s[following])
+            if self.arrivals is not None:  # an open loop's turn waits for its planned time
+                due = max(due, float(self.arrivals[following]))
+            heapq.heappush(self.turn_heap, (due, following))
         elif self.next_session < plan.count:
             heapq.heappush(self.turn_heap, (self.now, int(plan.firsts[self.next_session])))
             self.next_session += 1

@@ -370,6 +370,7 @@ class Simulation(Admission, Arrivals, Swapping):
             warmup=min(self.warmup, sent.size),
             burst_mask=None if self.burst is None else self.burst[sent],
             planned_index=None if self.sessions is None else sent,
+            due_s=None if self.sessions is None or self.arrivals is None else self.arrivals[sent],
         )
 
     def _rejected(self, ttft_bound_s: float) -> Measurement:
