@@ -16,7 +16,8 @@ cost: wall time of one trial (runners.load.capacity.evaluate, a capacity search)
   multi-turn-chat against the same scenario without sessions (every turn a conversation of
   its own, as today's workloads), median of REPEATS, one at a time.
 real: llama-server with the tiny model, conversations of 4 turns (700-900 new tokens, 16-24
-  answered, users thinking 0.2 s, so a last turn holds about 3,600 tokens: on the tiny model
+  answered, users reading at the SLA's pace, 1 s and 50 ms a token, then thinking 0.2 s, so a
+  last turn holds about 3,600 tokens: on the tiny model
   only long contexts cost any prefill to speak of), TTFT p99 <= 1 s: the capacity with its
   prompt cache on and off, each searched REAL_REPEATS times with fresh draws (median and range:
   the engine's own variation beside the gain), four slots.

@@ -166,10 +166,17 @@ class Sessions(_Strict):
     # a think time after the real answer if that came later: a load offers its rate in full
     # only while the engine answers at this pace (runners.load.sessions). Unset: the
     # scenario's SLA, the answer the service promises (TTFT p99 and TPOT p99 bounds; without
-    # a TPOT bound, DEFAULT_READ_MS_PER_TOKEN). A workload outside a scenario: 0, answers
-    # planned as instant.
+    # a TPOT bound, DEFAULT_READ_MS_PER_TOKEN); a scenario written out (a study's record, the
+    # report) states them. A workload outside a scenario, or 0 for both: answers planned as
+    # instant, each turn due when it is sent.
     first_token_wait_ms: Annotated[float, Field(ge=0, le=3_600_000)] | None = None
     read_ms_per_token: Annotated[float, Field(ge=0, le=60_000)] | None = None
+
+    @property
+    def paces_answers(self) -> bool:
+        """Whether a turn's plan counts its previous answer's time (else answers are planned
+        as instant, and a turn is due only when it is sent)."""
+        return bool(self.first_token_wait_ms or self.read_ms_per_token)
 
     def answer_s(self, output_tokens: np.ndarray) -> np.ndarray:
         """Per answer of `output_tokens` tokens, the time its user takes over it."""

@@ -93,7 +93,8 @@ def test_turns_come_at_the_rate_from_the_tests_start_to_its_end():
 def test_a_later_turn_is_planned_after_the_previous_answer_at_the_slas_pace():
     """customer-service's SLA: a first token within 500 ms, then one per 100 ms. A user takes
     0.5 + 99 x 0.1 = 10.4 s over a 100-token answer, then thinks: that far apart are the plans
-    of a session's consecutive turns."""
+    of a session's consecutive turns; with answers of 20-200 tokens, each turn by the answer
+    before it."""
     arrival = {"kind": "poisson", "rate": 2.0}
     requests = make_requests(chat(FIXED_3, 20.0, arrival, requests=200).workload)
     plan = requests.sessions
@@ -101,6 +102,17 @@ def test_a_later_turn_is_planned_after_the_previous_answer_at_the_slas_pace():
     later = np.flatnonzero(plan.previous >= 0)
     gaps = requests.arrival_s[later] - requests.arrival_s[plan.previous[later]]
     np.testing.assert_allclose(gaps, 10.4 + plan.think_s[later])
+
+    data = chat(FIXED_3, 20.0, arrival, requests=200).model_dump(mode="json")
+    data["workload"]["output_tokens"] = {"kind": "uniform", "low": 20, "high": 200}
+    requests = make_requests(Scenario.model_validate(data).workload)
+    plan = requests.sessions
+    assert plan is not None and requests.arrival_s is not None
+    later = np.flatnonzero(plan.previous >= 0)
+    answered = requests.output_tokens[plan.previous[later]]
+    assert np.ptp(answered) > 100
+    gaps = requests.arrival_s[later] - requests.arrival_s[plan.previous[later]]
+    np.testing.assert_allclose(gaps, 0.5 + (answered - 1) * 0.1 + plan.think_s[later])
 
 
 def test_the_users_pace_is_the_slas_unless_the_file_sets_it():
@@ -150,7 +162,11 @@ def test_a_session_capacity_holds_sixteen_times_longer():
     """multi-turn-chat's default export (batch 544 decode-first, w8a8 / KV 0.5, prefix cache;
     before turns were paced it claimed 45 req/s and a 16x load of it served 18): over 16x the
     preset's requests at the capacity found the engine serves at least 90% of that rate, and
-    at 95% of it every SLO holds (the export's hold steps down by 5%)."""
+    at 90% of it every SLO holds (the export's hold steps down 4 times at most, by the
+    search's precision each: about 19%). Not closer: the turn rate of conversations that
+    start at random drifts over a conversation's length (800 sessions in progress, 26-31
+    req/s over 35 s stretches at 27.9), and a long load meets the stretches a short one
+    misses."""
     scenario = load_scenario("multi-turn-chat")
     config = DEFAULTS | {
         "batch_size": 544,
@@ -166,7 +182,7 @@ def test_a_session_capacity_holds_sixteen_times_longer():
     rate = evaluate(runner, config, scenario).metrics["capacity_rate"]
     assert rate is not None and rate > 4.0
     requests = 16 * scenario.workload.num_requests
-    for share in (1.0, 0.95):
+    for share in (1.0, 0.9):
         long = scenario.at_rate(rate * share).model_copy(update={"num_requests": requests})
         with runner.session(config, long) as session:
             held = summarize(session.measure(long, scenario.sla), scenario.sla)

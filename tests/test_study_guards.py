@@ -12,6 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from objectives.scenario import Scenario
 from objectives.userfile import InputError
 from runners.sim.runner import SimRunner
 from search_spaces.space import SearchSpace
@@ -157,3 +158,22 @@ def test_a_study_refuses_another_chip_budget(tmp_path: Path):
         create_study(storage, "four", sampler, scenario, one_chip)
     with pytest.raises(InputError, match="measured with chips 4, not chips 2"):
         create_study(storage, "four", sampler, scenario, one_chip | {"chips": "2"})
+
+
+def test_a_session_study_recorded_before_turns_were_paced_is_refused(tmp_path: Path):
+    """Its trials planned every answer as instant (turns spilled past short loads, so its
+    capacities flatter): unlike a field added since, today's default pace is a change, and its
+    trials must not share a front with paced ones."""
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    data = small_scenario().model_dump(mode="json")
+    data["workload"]["sessions"] = {"turns": {"kind": "fixed", "value": 3}}
+    scenario = Scenario.model_validate(data)
+    identity = SimRunner().identity()
+    study = create_study(storage, "chat", optuna.samplers.RandomSampler(), scenario, identity)
+    create_study(storage, "chat", optuna.samplers.RandomSampler(), scenario, identity)  # resumes
+    older = scenario.model_dump(mode="json")
+    for field in ("first_token_wait_ms", "read_ms_per_token"):
+        del older["workload"]["sessions"][field]
+    study.set_user_attr("scenario", older)
+    with pytest.raises(InputError, match="session turns are now planned at the users' pace"):
+        create_study(storage, "chat", optuna.samplers.RandomSampler(), scenario, identity)

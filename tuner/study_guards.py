@@ -35,6 +35,8 @@ def _check_scenario(name: str, study: optuna.Study, scenario: Scenario) -> None:
         for key in SCENARIO_MEASURES
         if recorded is not None and recorded.get(key) != current[key]
     ]
+    if _turns_planned_unpaced(study.user_attrs.get("scenario")) and "workload" not in changed:
+        changed.append("workload (session turns are now planned at the users' pace)")
     if changed:
         raise InputError(
             f"--study {name}: its trials were measured under another scenario "
@@ -63,6 +65,14 @@ def _check_identity(name: str, recorded: dict[str, str] | None, current: dict[st
             f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
             "compared, so give a new --study name"
         )
+
+
+def _turns_planned_unpaced(recorded: Any) -> bool:
+    """A scenario recorded before session turns were paced (objectives.scenario.Sessions): its
+    trials planned answers as instant, which today's defaults would not read as a change."""
+    workload = recorded.get("workload") if isinstance(recorded, dict) else None
+    sessions = workload.get("sessions") if isinstance(workload, dict) else None
+    return isinstance(sessions, dict) and "first_token_wait_ms" not in sessions
 
 
 def _recorded_scenario(study: optuna.Study) -> dict[str, Any] | None:

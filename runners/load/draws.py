@@ -41,14 +41,20 @@ def with_burst(arrivals: np.ndarray, first: int, end: int, multiple: float) -> n
 
 
 def open_arrivals(
-    arrival: Poisson | Gamma, n: int, rate: float, rng: np.random.Generator
+    arrival: Poisson | Gamma,
+    n: int,
+    rate: float,
+    rng: np.random.Generator,
+    exact_over: int | None = None,
 ) -> np.ndarray:
-    """n arrival times from 0 that offer exactly `rate` per second."""
+    """n arrival times from 0 whose first `exact_over` (default: all) offer exactly `rate`
+    per second."""
     arrivals = np.cumsum(inter_arrival_s(arrival.model_copy(update={"rate": rate}), n, rng))
     arrivals -= arrivals[0]
-    if n > 1 and arrivals[-1] > 0:
+    last = min(n, exact_over or n) - 1
+    if last > 0 and arrivals[last] > 0:
         # A draw's own mean rate misses the stated one (seed 0's 200 Poisson arrivals at 2/s span
         # 112.6 s, not 99.5): rescale so the load offers exactly the scenario's rate, keeping
         # the draw's burstiness.
-        arrivals *= (n - 1) / (rate * arrivals[-1])
+        arrivals *= last / (rate * arrivals[last])
     return arrivals

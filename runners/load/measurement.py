@@ -9,7 +9,9 @@ Metric definitions, stated once (as in vLLM's `benchmarks/serve.py`):
 - output throughput: output tokens of successful requests / duration; total adds input tokens.
 - goodput (DistServe): successful requests that meet every SLO of the scenario / duration.
 - success rate: successful requests / requests sent.
-- offered rate: (requests sent - 1) / (last send - first send), what the load really offered.
+- offered rate: (requests sent - 1) / (last send - first send), what the load really sent (a
+  session load whose turns fell behind their plan sent less than it planned; the delivered
+  share below compares with the planned rate).
 - warm-up: the first tenth of a load's requests (send order; `warmup_requests`) meet an empty
   engine, which flatters them (customer-service near capacity: the first 50 of 1,000 wait half
   as long as the rest). They are served and count in throughput, goodput and the success

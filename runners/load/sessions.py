@@ -30,12 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from objectives.scenario import Closed, Sessions, Workload
-from runners.load.draws import open_arrivals, sample_lengths, with_burst
+from runners.load.draws import inter_arrival_s, open_arrivals, sample_lengths, with_burst
 
 FIRST_TURN = -1  # `previous` of a session's first turn in the test
-# Sessions that started this many of their longest spans of thinking (turns - 1 think times)
-# before the test are in progress at its start: a longer session is rare (an exponential
-# think time's sum passes 4 times its mean in about 1 in 10^4 sessions of 8 turns).
+# Sessions that started this many of their longest typical spans (turns - 1 think times and
+# typical answers) before the test are in progress at its start: a longer session is rare (an
+# exponential think time's sum passes 4 times its mean in about 1 in 10^4 sessions of 8
+# turns, and answers' lengths vary less).
 WARM_START_SPANS = 4
 
 
@@ -51,6 +52,8 @@ class SessionPlan:
     # generator's warm-up)
     carried: np.ndarray
     firsts: np.ndarray  # each session's first turn in the test, in session order
+    # an open loop's plan counts answers' time (Sessions.paces_answers): a turn is due then
+    paced: bool = False
 
     @property
     def count(self) -> int:
@@ -62,7 +65,8 @@ class PlannedSessions:
     plan: SessionPlan
     input_tokens: np.ndarray  # history and new tokens
     output_tokens: np.ndarray
-    planned_s: np.ndarray | None  # open loop: the send times if every answer came at once
+    # open loop: when each is due, the send times if every answer came at the users' pace
+    planned_s: np.ndarray | None
     prefix: np.ndarray | None  # shared prefix of each first turn (runners.load.workload)
     burst: np.ndarray | None  # per request, whether it is planned inside the burst
 
@@ -73,22 +77,22 @@ def plan_sessions(
     output_tokens: np.ndarray,
     prefix: np.ndarray | None,
     prefix_tokens: int,
-    rng: np.random.Generator,
 ) -> PlannedSessions:
     """The workload's num_requests turns as requests in planned send order (the module's
     rules). A closed loop's test turns take the draws of lengths, one per request, in
-    session-major order (turn after turn of session 0, then session 1, ...); an open loop's
-    turns draw theirs from the sessions' own streams (a turn's plan needs the previous answer's
-    length before the test's turns are known), as do turn counts and think times. `rng` draws
-    an open loop's session starts. `prefix`: only a session's first turn in the test keeps its
-    draw (session-major), lengthened as runners.load.workload does."""
+    session-major order (turn after turn of session 0, then session 1, ...), and turn counts
+    and think times from the sessions' own stream. An open loop's sessions draw everything
+    from streams of their own (_Drawn: a turn's plan needs the previous answer's length before
+    the test's turns are known, and a session keeps its draws at every rate). `prefix`: only a
+    session's first turn in the test keeps its draw (session-major), lengthened as
+    runners.load.workload does."""
     sessions = workload.sessions
     assert sessions is not None, "a workload with sessions"
     n = workload.num_requests
-    own = _stream(workload, 2)  # its own stream: the sessions stay put
-    counts = sample_lengths(sessions.turns, n, own)  # never more sessions than turns
     arrival = workload.arrival
     if isinstance(arrival, Closed):
+        own = _stream(workload, 2)  # its own stream: the sessions stay put
+        counts = sample_lengths(sessions.turns, n, own)  # never more sessions than turns
         ends = np.cumsum(counts)
         kept = int(np.searchsorted(ends, n)) + 1
         counts = counts[:kept].copy()
@@ -97,30 +101,28 @@ def plan_sessions(
         turns.new[:], turns.out[:] = new_tokens, output_tokens
         return _as_requests(workload, turns, None, None, prefix, prefix_tokens)
 
-    rate = arrival.rate / float(counts.mean())  # Little's law: turns then come at the rate
+    # Sessions starting in the test: never more than its turns, each starting with one.
+    fresh = _Drawn(workload, n, 0)
+    rate = arrival.rate / float(fresh.counts.mean())  # Little's law: turns come at the rate
+    # the rate exact over about as many sessions as start within the test
+    seen = round(n / float(fresh.counts.mean()))
+    fresh.starts = open_arrivals(arrival, n, rate, _stream(workload, 5, 0), seen)
+    if workload.burst is not None:  # it counts the sessions started in the test
+        fresh.starts = with_burst(fresh.starts, *workload.burst.indices(), workload.burst.multiple)
     typical_turn_s = sessions.think_time_s + float(
         sessions.answer_s(np.array([round(workload.output_tokens.typical)]))[0]
     )
     warm_s = WARM_START_SPANS * (sessions.turns.bounds[1] - 1) * typical_turn_s
-    burst_end = 0 if workload.burst is None else workload.burst.indices()[1]
-    extra = math.ceil(warm_s * rate) + 1
-    while True:  # enough sessions that n turns come from time 0 (a bursty start may need more)
-        drawn = np.concatenate([counts, sample_lengths(sessions.turns, extra, own)])
-        turns = _Turns(drawn, _think_times(drawn, sessions.think_time_s, own))
-        turns.draw_lengths(workload)
-        starts = open_arrivals(arrival, drawn.size, rate, rng) - warm_s
-        started = int(np.searchsorted(starts, 0.0))  # before the test
-        at = turns.times(starts, sessions)
-        if np.count_nonzero(at >= 0) >= n and drawn.size - started >= burst_end:
+    count = math.ceil(warm_s * rate) + 1
+    while True:  # sessions started before the test, back to warm_s before it
+        earlier = _Drawn(workload, count, 1)
+        gaps = inter_arrival_s(arrival.model_copy(update={"rate": rate}), count, earlier.stream(5))
+        earlier.starts = -np.cumsum(gaps)
+        if -earlier.starts[-1] >= warm_s:
             break
-        extra = 2 * extra + n
-    if workload.burst is not None:  # it counts the sessions started in the test
-        fresh = starts[started:]
-        fresh[:] = (
-            with_burst(fresh - fresh[0], *workload.burst.indices(), workload.burst.multiple)
-            + fresh[0]
-        )
-        at = turns.times(starts, sessions)
+        count *= 2
+    turns, starts = _Drawn.joined(earlier, fresh)
+    at = turns.times(starts, sessions)
     in_test = np.flatnonzero(at >= 0)
     test = np.zeros(at.size, bool)
     test[in_test[np.argsort(at[in_test], kind="stable")[:n]]] = True
@@ -128,10 +130,53 @@ def plan_sessions(
     burst_window = None
     if workload.burst is not None:
         first, end = workload.burst.indices()
-        burst_window = (starts[started + first], starts[started + end - 1])
+        burst_window = (fresh.starts[first], fresh.starts[end - 1])
     return _as_requests(
         workload, turns.only(test, history), at[test], burst_window, prefix, prefix_tokens
     )
+
+
+class _Drawn:
+    """Sessions of an open loop drawn outward from the test's start, so that each keeps its
+    draws whatever the rate (a capacity search's steps hold the same conversations): those
+    starting in it (`side` 0) in start order, those started before it (`side` 1) latest first,
+    each side from streams of its own, one per quantity. Per session its turns, start and,
+    per turn (session-major), think time, new tokens and answer tokens."""
+
+    def __init__(self, workload: Workload, count: int, side: int):
+        sessions = workload.sessions
+        assert sessions is not None, "a workload with sessions"
+        self.workload, self.side = workload, side
+        self.counts = sample_lengths(sessions.turns, count, self.stream(2))
+        total = int(self.counts.sum())
+        self.think = (
+            self.stream(6).exponential(sessions.think_time_s, total)
+            if sessions.think_time_s
+            else np.zeros(total)
+        )
+        self.new = sample_lengths(workload.input_tokens, total, self.stream(3))
+        self.out = sample_lengths(workload.output_tokens, total, self.stream(4))
+        self.starts = np.zeros(count)  # set by plan_sessions
+
+    def stream(self, quantity: int) -> np.random.Generator:
+        return _stream(self.workload, quantity, self.side)
+
+    @staticmethod
+    def joined(earlier: _Drawn, fresh: _Drawn) -> tuple[_Turns, np.ndarray]:
+        """Both sides as one set of sessions in start order, and their starts."""
+        counts = earlier.counts[::-1]
+        firsts = np.cumsum(earlier.counts) - earlier.counts  # in earlier's own order
+        # each reversed session's turns, still in turn order
+        order = np.repeat(firsts[::-1] - (np.cumsum(counts) - counts), counts) + np.arange(
+            int(counts.sum())
+        )
+        all_counts = np.concatenate([counts, fresh.counts])
+        think = np.concatenate([earlier.think[order], fresh.think])
+        think[np.cumsum(all_counts) - all_counts] = 0.0  # none before a first turn
+        turns = _Turns(all_counts, think)
+        turns.new = np.concatenate([earlier.new[order], fresh.new])
+        turns.out = np.concatenate([earlier.out[order], fresh.out])
+        return turns, np.concatenate([earlier.starts[::-1], fresh.starts])
 
 
 class _Turns:
@@ -145,13 +190,6 @@ class _Turns:
         self.new = np.zeros(think.size, np.int64)
         self.out = np.zeros(think.size, np.int64)
         self.carried = np.zeros(think.size, np.int64) if history is None else history
-
-    def draw_lengths(self, workload: Workload) -> None:
-        """Every turn's new and answer tokens, in session-major order, each from a stream of
-        its own: a session keeps its lengths however many sessions a rate draws."""
-        total = self.think.size
-        self.new = sample_lengths(workload.input_tokens, total, _stream(workload, 3))
-        self.out = sample_lengths(workload.output_tokens, total, _stream(workload, 4))
 
     def times(self, starts: np.ndarray, sessions: Sessions) -> np.ndarray:
         """Per turn, when it is planned: its session's start and, before it, each earlier
@@ -176,8 +214,8 @@ class _Turns:
         return turns
 
 
-def _stream(workload: Workload, purpose: int) -> np.random.Generator:
-    return np.random.default_rng([workload.seed, purpose])
+def _stream(workload: Workload, *purpose: int) -> np.random.Generator:
+    return np.random.default_rng([workload.seed, *purpose])
 
 
 def _think_times(counts: np.ndarray, mean_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -229,6 +267,7 @@ def _as_requests(
         new_tokens=new[order],
         carried=np.where(first, carried, 0)[order],
         firsts=rank[turns.first_of],
+        paced=planned is not None and workload.sessions.paces_answers,  # type: ignore[union-attr]
     )
     return PlannedSessions(
         plan,

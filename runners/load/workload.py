@@ -21,7 +21,7 @@ class Requests:
     input_tokens: np.ndarray
     output_tokens: np.ndarray
     # None: closed loop with `concurrency` in flight. With sessions, a later turn's time is
-    # only planned: it is sent a think time after the previous turn's answer.
+    # only planned: it is sent then, or a think time after its previous answer if later.
     arrival_s: np.ndarray | None
     concurrency: int | None
     # Which shared prefix each prompt starts with (NO_PREFIX: none), and its length in tokens.
@@ -37,8 +37,9 @@ class Requests:
     def due_s(self, order: np.ndarray | list[int]) -> np.ndarray | None:
         """Per request of `order`, when it was due, where a runner may send it later than
         that: an open loop's session turns wait for the previous answer (runners.load.sessions).
-        None where requests are sent when due (or, a closed loop, never due)."""
-        if self.sessions is None or self.arrival_s is None:
+        None where requests are sent when due (or, a closed loop, never due), and where the
+        plan counts no answer time (a turn then always waits past its plan)."""
+        if self.sessions is None or self.arrival_s is None or not self.sessions.paced:
             return None
         return self.arrival_s[np.asarray(order, dtype=np.int64)]
 
@@ -84,7 +85,7 @@ def make_requests(workload: Workload) -> Requests:
             prefix, inputs = drawn
     arrival = workload.arrival
     if workload.sessions is not None:
-        return _session_requests(workload, inputs, outputs, prefix, prefix_tokens, rng)
+        return _session_requests(workload, inputs, outputs, prefix, prefix_tokens)
     if isinstance(arrival, Closed):  # requests follow completions: no arrival times
         return Requests(inputs, outputs, None, arrival.concurrency, prefix, prefix_tokens)
     arrivals = open_arrivals(arrival, n, arrival.rate, rng)
@@ -99,10 +100,9 @@ def _session_requests(
     outputs: np.ndarray,
     prefix: np.ndarray | None,
     prefix_tokens: int,
-    rng: np.random.Generator,
 ) -> Requests:
     arrival = workload.arrival
-    planned = plan_sessions(workload, inputs, outputs, prefix, prefix_tokens, rng)
+    planned = plan_sessions(workload, inputs, outputs, prefix, prefix_tokens)
     return Requests(
         planned.input_tokens,
         planned.output_tokens,

@@ -39,7 +39,7 @@ MAX_CONTEXT = (
     128  # -c: chunks of 128 tokens score 63 positions each; the shipped set holds many chunks
 )
 MIN_CONTEXT = 16  # below this a chunk's context says little about the text
-_ATTEMPTS = 3
+_ATTEMPTS = 5  # runs of one KL measurement: 3 once all lost their summary (a busy machine)
 _NUMBER = r"(-?[\d.]+(?:[eE][-+]?\d+)?)"
 
 

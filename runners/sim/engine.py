@@ -80,6 +80,7 @@ class Simulation(Admission, Arrivals, Swapping):
         self.version = [0] * planned  # invalidates heap entries of a preempted request
         self.total_blocks = self.free_blocks = kv_blocks
         self.peak_used = 0
+        self.requests = requests
         self.arrivals = requests.arrival_s  # None: a closed loop of `concurrency` in flight
         self.concurrency = requests.concurrency
         self.next_arrival = 0
@@ -370,7 +371,7 @@ class Simulation(Admission, Arrivals, Swapping):
             warmup=min(self.warmup, sent.size),
             burst_mask=None if self.burst is None else self.burst[sent],
             planned_index=None if self.sessions is None else sent,
-            due_s=None if self.sessions is None or self.arrivals is None else self.arrivals[sent],
+            due_s=self.requests.due_s(sent),
         )
 
     def _rejected(self, ttft_bound_s: float) -> Measurement:
