@@ -276,6 +276,17 @@ class Workload(_Strict):
         return turns * (self.input_tokens.bounds[1] + self.output_tokens.bounds[1])
 
     @property
+    def session_span_s(self) -> float:
+        """How long a typical conversation lasts: its turns' answers at its users' pace and the
+        thinking between them (0 without sessions)."""
+        sessions = self.sessions
+        if sessions is None:
+            return 0.0
+        turns = sessions.turns.typical
+        answer = float(sessions.answer_s(np.array([round(self.output_tokens.typical)]))[0])
+        return turns * answer + (turns - 1) * sessions.think_time_s
+
+    @property
     def typical_request(self) -> float:
         """Tokens a typical request holds in the KV cache once it has generated its output (a
         session's turns hold on average (turns + 1) / 2 turns' worth)."""

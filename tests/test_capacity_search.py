@@ -55,6 +55,7 @@ class FakeSession:
     def __init__(self, capacity: float, failing_from: float = math.inf):
         self.capacity, self.failing_from = capacity, failing_from
         self.calls: list[tuple[float, bool]] = []
+        self.windows: list[int] = []  # each load's requests
         self.extra: dict = {}
 
     def measure(self, workload, sla=None, stop_early=False) -> Measurement:
@@ -62,6 +63,7 @@ class FakeSession:
         rate = float(getattr(arrival, "rate", None) or arrival.concurrency)
         self.calls.append((rate, stop_early))
         n = workload.num_requests
+        self.windows.append(n)
         failed = n // 10 if rate >= self.failing_from else 0
         slow = rate > self.capacity
         if stop_early and (slow or failed):
@@ -127,6 +129,23 @@ def test_a_closed_loop_refuses_fractional_bounds(bound):
     value = 2.5 if bound == "min_rate" else 10.5
     with pytest.raises(ValidationError, match=f"load.{bound} .* whole number"):
         scenario_at(8, closed=True, **{bound: value})
+
+
+def test_a_window_of_conversations_lasts_one_at_least():
+    """Conversations of 3 turns with 10 s of thinking, paced by a 500 ms TTFT bound and no TPOT
+    bound (50 ms a token): with 128-token answers one lasts 3 x (0.5 + 127 x 0.05) + 2 x 10 =
+    40.55 s, so every load at rate r sends at least 40.55 r requests (100 would be half a
+    conversation at 5 req/s)."""
+    data = scenario_at(4.0).model_dump(mode="json")
+    data["workload"]["output_tokens"] = {"kind": "fixed", "value": 128}
+    data["workload"]["sessions"] = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": 10.0}
+    for field in ("first_token_wait_ms", "read_ms_per_token"):
+        data["workload"]["sessions"].pop(field, None)
+    session = FakeSession(capacity=10.0)
+    search(session, Scenario.model_validate(data))
+    assert len(session.calls) > 3
+    for (rate, _), requests in zip(session.calls, session.windows, strict=True):
+        assert requests >= math.ceil(40.55 * rate - 1e-6), (rate, requests)
 
 
 def test_closed_loop_search_ends_on_whole_rates_within_its_bounds():

@@ -162,11 +162,10 @@ def test_a_session_capacity_holds_sixteen_times_longer():
     """multi-turn-chat's default export (batch 544 decode-first, w8a8 / KV 0.5, prefix cache;
     before turns were paced it claimed 45 req/s and a 16x load of it served 18): over 16x the
     preset's requests at the capacity found the engine serves at least 90% of that rate, and
-    at 90% of it every SLO holds (the export's hold steps down 4 times at most, by the
-    search's precision each: about 19%). Not closer: the turn rate of conversations that
-    start at random drifts over a conversation's length (800 sessions in progress, 26-31
-    req/s over 35 s stretches at 27.9), and a long load meets the stretches a short one
-    misses."""
+    at 95% of it every SLO holds (the export's hold steps down by the search's precision, 5%).
+    The search's windows last a conversation at least: the turn rate of conversations that
+    start at random drifts over a conversation's length, and on half-conversation windows
+    this config claimed 29.3 req/s and held at 26.4, 90% of it."""
     scenario = load_scenario("multi-turn-chat")
     config = DEFAULTS | {
         "batch_size": 544,
@@ -182,7 +181,7 @@ def test_a_session_capacity_holds_sixteen_times_longer():
     rate = evaluate(runner, config, scenario).metrics["capacity_rate"]
     assert rate is not None and rate > 4.0
     requests = 16 * scenario.workload.num_requests
-    for share in (1.0, 0.9):
+    for share in (1.0, 0.95):
         long = scenario.at_rate(rate * share).model_copy(update={"num_requests": requests})
         with runner.session(config, long) as session:
             held = summarize(session.measure(long, scenario.sla), scenario.sla)
