@@ -23,7 +23,8 @@ trial says so.
 Steady state: each step's window is judged by runners.load.steady_state's rule, extended until
 it settles or reaches EXTENSION_CAP times `num_requests`. A load with a burst (a fixed load
 only) is not steady by design: it runs once, as written, and its burst figures judge it. An
-open loop of conversations starts from a window as long as one (SESSION_SPANS).
+open loop of conversations searched for its capacity starts from a window as long as one
+(SESSION_SPANS).
 """
 
 from __future__ import annotations
@@ -149,12 +150,13 @@ def _step(
     nominal step passes `unsettled_misses=False`: its verdict is its judged window's SLA check,
     the trial's constraint, which every config's trial is compared on."""
     sla, base = scenario.sla, scenario.workload.num_requests
-    if rate < scenario.nominal_rate:  # as long as a nominal window, not longer
+    if rate < scenario.nominal_rate:  # as long as a nominal window, not longer (sessions: below)
         base = max(min(base, MIN_WINDOW), math.ceil(base * rate / scenario.nominal_rate))
     if scenario.closed_loop:  # every seat serves a few requests: no window is all fill and drain
         base = max(base, CLOSED_WINDOW_CYCLES * round(rate))
-    elif scenario.workload.sessions is not None:
-        base = max(base, math.ceil(SESSION_SPANS * scenario.workload.session_span_s * rate))
+    elif scenario.workload.sessions is not None and scenario.load.mode == "capacity":
+        conversation = math.ceil(SESSION_SPANS * scenario.workload.session_span_s * rate)
+        base = min(max(base, conversation), MAX_WINDOW_REQUESTS)
     cap = min(base * EXTENSION_CAP, max(base, MAX_WINDOW_REQUESTS))
     if scenario.workload.burst is not None:  # a load with a burst is one test, run as written
         cap = base

@@ -51,7 +51,7 @@ def open_arrivals(
     per second."""
     arrivals = np.cumsum(inter_arrival_s(arrival.model_copy(update={"rate": rate}), n, rng))
     arrivals -= arrivals[0]
-    last = min(n, exact_over or n) - 1
+    last = min(n, n if exact_over is None else exact_over) - 1
     if last > 0 and arrivals[last] > 0:
         # A draw's own mean rate misses the stated one (seed 0's 200 Poisson arrivals at 2/s span
         # 112.6 s, not 99.5): rescale so the load offers exactly the scenario's rate, keeping

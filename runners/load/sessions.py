@@ -38,6 +38,9 @@ FIRST_TURN = -1  # `previous` of a session's first turn in the test
 # exponential think time's sum passes 4 times its mean in about 1 in 10^4 sessions of 8
 # turns, and answers' lengths vary less).
 WARM_START_SPANS = 4
+# An open loop's two sides of sessions (_Drawn), each with streams of its own (never 0: a
+# stream [seed, q, 0] is [seed, q]'s, which other draws use)
+FRESH, EARLIER = 1, 2
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,11 @@ def plan_sessions(
         return _as_requests(workload, turns, None, None, prefix, prefix_tokens)
 
     # Sessions starting in the test: never more than its turns, each starting with one.
-    fresh = _Drawn(workload, n, 0)
+    fresh = _Drawn(workload, n, FRESH)
     rate = arrival.rate / float(fresh.counts.mean())  # Little's law: turns come at the rate
     # the rate exact over about as many sessions as start within the test
-    seen = round(n / float(fresh.counts.mean()))
-    fresh.starts = open_arrivals(arrival, n, rate, _stream(workload, 5, 0), seen)
+    seen = max(2, round(n / float(fresh.counts.mean())))
+    fresh.starts = open_arrivals(arrival, n, rate, fresh.stream(5), seen)
     if workload.burst is not None:  # it counts the sessions started in the test
         fresh.starts = with_burst(fresh.starts, *workload.burst.indices(), workload.burst.multiple)
     typical_turn_s = sessions.think_time_s + float(
@@ -115,7 +118,7 @@ def plan_sessions(
     warm_s = WARM_START_SPANS * (sessions.turns.bounds[1] - 1) * typical_turn_s
     count = math.ceil(warm_s * rate) + 1
     while True:  # sessions started before the test, back to warm_s before it
-        earlier = _Drawn(workload, count, 1)
+        earlier = _Drawn(workload, count, EARLIER)
         gaps = inter_arrival_s(arrival.model_copy(update={"rate": rate}), count, earlier.stream(5))
         earlier.starts = -np.cumsum(gaps)
         if -earlier.starts[-1] >= warm_s:
@@ -139,7 +142,7 @@ def plan_sessions(
 class _Drawn:
     """Sessions of an open loop drawn outward from the test's start, so that each keeps its
     draws whatever the rate (a capacity search's steps hold the same conversations): those
-    starting in it (`side` 0) in start order, those started before it (`side` 1) latest first,
+    starting in it (FRESH) in start order, those started before it (EARLIER) latest first,
     each side from streams of its own, one per quantity. Per session its turns, start and,
     per turn (session-major), think time, new tokens and answer tokens."""
 
