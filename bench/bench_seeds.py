@@ -35,9 +35,11 @@ POLISH = 2  # a real trial is a capacity search of about a minute here: two neig
 
 
 def scenario() -> Scenario:
-    """Answers of 64-128 tokens and TTFT p99 <= 100 ms: one slot queues whole answers, 16
-    batch them (one run of tests/test_llamacpp_long_load.py: 32 against 63 req/s)."""
-    data = engine_scenario(requests=200, rate=8.0, ttft_ms=100, output=(64, 128)).model_dump(
+    """Answers of 64-128 tokens and TTFT p99 <= 250 ms: one slot queues whole answers, 16
+    batch them (one run of tests/test_llamacpp_long_load.py: 32 against 63 req/s). At 100 ms
+    (two earlier runs) the p99 of a hold's 800 requests was decided by the 2-core machine's
+    own stalls: the hold missed at every rate it tried, down to 21.9 req/s."""
+    data = engine_scenario(requests=200, rate=8.0, ttft_ms=250, output=(64, 128)).model_dump(
         mode="json"
     )
     data["load"] = {"mode": "capacity", "precision": 0.1}
