@@ -16,6 +16,7 @@ from runners.sim.engine import Simulation
 from runners.sim.prefix_cache import PrefixCache
 from runners.sim.runner import DEFAULTS, SimRunner
 from tests.test_prefix_cache import KNOBS, host_profile, ttft_s
+from tests.test_sustained import held_sixteen_times_longer
 
 
 def chat(turns, think_s=0.0, arrival=None, requests=12, inputs=300, outputs=100) -> Scenario:
@@ -180,11 +181,8 @@ def test_a_session_capacity_holds_sixteen_times_longer():
     runner = SimRunner()
     rate = evaluate(runner, config, scenario).metrics["capacity_rate"]
     assert rate is not None and rate > 4.0
-    requests = 16 * scenario.workload.num_requests
     for share in (1.0, 0.95):
-        long = scenario.at_rate(rate * share).model_copy(update={"num_requests": requests})
-        with runner.session(config, long) as session:
-            held = summarize(session.measure(long, scenario.sla), scenario.sla)
+        held = held_sixteen_times_longer(runner, config, scenario, rate * share)
         assert held["delivered_rps"] >= 0.9 * rate * share, held
     assert is_feasible(constraint_values(held, scenario.sla)), held
 
