@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from objectives.scenario import Scenario, load_scenario
+from objectives.scenario import Scenario
 from runners.load.capacity import evaluate
 from runners.sim.runner import SimRunner
 from testing.disaggregation import (
@@ -35,6 +35,7 @@ from testing.disaggregation import (
     best_capacity_per_chip,
     caveat_grid,
     long_prompts,
+    seed_customer_service,
     short_prompts,
 )
 
@@ -97,7 +98,7 @@ def caveat() -> None:
 
 
 def seed() -> None:
-    chosen = load_scenario("customer-service")
+    chosen = seed_customer_service()
     sla = f"TTFT p99 <= {chosen.sla.ttft_p99_ms:g} ms"
     print(
         f"== seed: customer-service (512/128 tokens, {chosen.nominal_rate:g} req/s per chip "
@@ -180,10 +181,10 @@ def cost() -> None:
     print("   trial: runners.load.capacity.evaluate; load: one load at the nominal rate;")
     print("   requests: measured by all of a trial's loads (one decode instance's, disaggregated)")
     cases = [
-        ("customer-service", load_scenario("customer-service"), 8, 2, 32, 16),
-        ("customer-service", load_scenario("customer-service"), 8, 2, 128, 16),
-        ("customer-service", load_scenario("customer-service"), 4, 1, 64, 16),
-        ("customer-service", load_scenario("customer-service"), 8, 4, 64, 16),
+        ("customer-service", seed_customer_service(), 8, 2, 32, 16),
+        ("customer-service", seed_customer_service(), 8, 2, 128, 16),
+        ("customer-service", seed_customer_service(), 4, 1, 64, 16),
+        ("customer-service", seed_customer_service(), 8, 4, 64, 16),
         ("long prompts", long_prompts(), 8, 6, 128, 4),
         ("short prompts", short_prompts(), 8, 2, 128, 16),
     ]

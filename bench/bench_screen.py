@@ -85,17 +85,17 @@ PROXY_ENGINE = {
 
 
 def proxy(seeds: int, budget: int) -> None:
-    from objectives.scenario import load_scenario
     from runners.sim.calibration import with_figures
     from runners.sim.profiles import load_hardware, load_model
     from runners.sim.runner import SimRunner
     from search_spaces.space import SearchSpace
+    from testing.disaggregation import seed_customer_service
     from tuner.samplers import make_sampler
     from tuner.screen import Screen
     from tuner.study import StudyRun, run_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    scenario = load_scenario("customer-service")
+    scenario = seed_customer_service()  # as its table was measured: no system prompt
     space = SearchSpace.load("vllm").fit_workload(scenario.workload)
     model, profile = load_model("qwen2-7b"), load_hardware("h100")
     engine = SimRunner("vllm", model, with_figures(profile, PROXY_ENGINE, "the stand-in engine"))

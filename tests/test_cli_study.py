@@ -130,9 +130,13 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
     assert mindie["ScheduleConfig"] == render("mindie", exported.knobs)["config"]["ScheduleConfig"]
     # MindIE is started with its sequence and input limits sized to the scenario's longest request.
     workload = small_scenario().workload
+    # Its system prompt searches MindIE's prefix-cache plugin, named in ModelConfig: the
+    # plugin's type turns it on, an empty string off (MindIE-LLM's prefix_cache.md).
+    plugin = '{"plugin_type":"prefix_cache"}' if exported.knobs["prefix_caching"] else ""
     assert mindie["ModelDeployConfig"] == {
         "maxSeqLen": workload.input_tokens.bounds[1] + workload.output_tokens.bounds[1],
         "maxInputTokenLen": workload.input_tokens.bounds[1],
+        "ModelConfig": [{"plugin_params": plugin}],
     }
     assert (
         exported.study == STUDY and exported.runner == "sim" and exported.hardware == "ascend-910b2"

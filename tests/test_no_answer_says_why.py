@@ -16,6 +16,7 @@ FIXED = {
     "max_prefill_tokens": 8192,
     "quantization": "bf16",
     "kv_compression": 1.0,
+    "prefix_caching": False,
 }
 
 

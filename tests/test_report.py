@@ -373,7 +373,7 @@ def test_report_compares_colocated_and_disaggregated_on_a_chip_budget(
     fixed = dict(prefill_instances=2, decode_instances=2, prefill_memory_share=0.6,
                  decode_memory_share=0.8, prefill_batch_size=16, batch_size=48,
                  select_batch="prefill-first", max_prefill_tokens=4096, max_prefill_batch_size=8,
-                 quantization="bf16", kv_compression=1.0)  # fmt: skip
+                 quantization="bf16", kv_compression=1.0, prefix_caching=False)  # fmt: skip
     knobs = {k: {"value": v} for k, v in fixed.items()}
     knobs["deployment"] = {"choices": ["co-located", "disaggregated"]}
     (tmp_path / "both.yaml").write_text(json.dumps({"knobs": knobs}))  # JSON is YAML

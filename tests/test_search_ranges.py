@@ -136,6 +136,7 @@ FIXED_BATCH_8 = """knobs:
   quantization: {value: w8a8}
   kv_compression: {value: 1.0}
   max_prefill_batch_size: {value: 8}
+  prefix_caching: {value: false}
 """
 
 

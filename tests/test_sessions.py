@@ -27,6 +27,7 @@ def chat(turns, think_s=0.0, arrival=None, requests=12, inputs=300, outputs=100)
         "input_tokens": {"kind": "fixed", "value": inputs},
         "output_tokens": {"kind": "fixed", "value": outputs},
         "sessions": {"turns": turns, "think_time_s": think_s},
+        "shared_prefix": None,  # conversations without a system prompt: their history is shared
     }
     return Scenario.model_validate(data)
 
