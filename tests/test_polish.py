@@ -12,11 +12,12 @@ from pathlib import Path
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from objectives.scoring import is_feasible
 from runners.sim.runner import SimRunner
 from search_spaces.deployment import ROLE_KNOBS, with_deployment
 from search_spaces.space import SearchSpace
 from tests.conftest import run_autotune, small_scenario
-from tuner.polish import NUMERIC_LOG_STEP, Polisher, _steps, neighbours
+from tuner.polish import MIN_GAIN, NUMERIC_LOG_STEP, Polisher, _steps, neighbours
 from tuner.storage import open_storage
 from tuner.study import StudyRun, best_trial, create_study, optimize
 
@@ -65,6 +66,47 @@ def test_neighbours_change_one_knob_each_and_leave_a_co_located_picks_role_knobs
     assert searched_roles <= {
         name for n in neighbours(space, params) for name in n if n[name] != params[name]
     }
+
+
+def test_a_disaggregated_arm_climbs_its_chip_split_first(tmp_path: Path):
+    """An arm's polish has a few trials (ARM_TRIALS); a disaggregated pick's first ones move a
+    chip between prefill and decode, and follow the split while a move wins: customer-service
+    on 8 chips planted at 5P3D, three trials."""
+    scenario = small_scenario(requests=300)
+    runner = SimRunner(chips=8)
+    space = runner.adapt(SearchSpace.load("mindie").fit_workload(scenario.workload))
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = create_study(
+        storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
+    )
+    dists = space.distributions()
+    planted = {name: _first(dist) for name, dist in dists.items()}
+    planted |= {"deployment": "disaggregated", "prefill_instances": 5, "batch_size": 256}
+    planted |= {"quantization": "w8a8", "prefix_caching": True, "max_prefill_batch_size": 16}
+    planted |= {"max_prefill_tokens": 8192, "prefill_batch_size": 16}
+    study.enqueue_trial(planted)
+    run = StudyRun(study, scenario, space, runner, storage)
+    optimize(run, 1, None)
+    assert is_feasible(study.trials[0].constraints)
+
+    result = Polisher(run).polish(3, {"deployment": "disaggregated"})
+    assert result.trials == 3
+    measured = study.trials[1:]
+    moved = [[k for k in planted if t.params[k] != planted[k]] for t in measured[:2]]
+    assert moved == [["prefill_instances"], ["prefill_instances"]]
+    assert sorted(t.params["prefill_instances"] for t in measured[:2]) == [4, 6]
+
+    def capacity(trial) -> float:
+        return trial.values[1] if trial.values and is_feasible(trial.constraints) else 0.0
+
+    better = max(measured[:2], key=capacity)
+    if capacity(better) > capacity(study.trials[0]) * (1 + MIN_GAIN):
+        # the climb goes on along the split, the same way
+        further = 2 * better.params["prefill_instances"] - 5
+        assert measured[2].params == planted | {"prefill_instances": further}
+    else:  # the split settled: every knob next
+        changed = [k for k in planted if measured[2].params[k] != planted[k]]
+        assert changed and changed != ["prefill_instances"]
 
 
 def _first(dist):

@@ -8,7 +8,9 @@ knob one step either way (a log-scaled knob by NUMERIC_LOG_STEP, a linear one by
 range, the grid's interval, rounded to its own step and one step at least: on 8 chips
 prefill_instances moves by 1). A neighbour that the pick rule prefers (tuner.study.best_trial)
 by more than MIN_GAIN becomes the pick and its neighbourhood is measured in turn, until none
-beats the pick or the budget of trials is spent.
+beats the pick or the budget of trials is spent. A disaggregated pick first climbs its chip
+split alone (a step of prefill instances, decode taking the rest), which decides that
+deployment most.
 
 Comparisons get the same treatment (refine_arms): each arm the console and report compare (a
 precision and KV pair of the quality ladder, a deployment on a chip budget) is measured with
@@ -61,6 +63,8 @@ REAL_POLISH_TRIALS = 12
 # and a short polish. An arm with fewer measured trials than MIN_ARM_TRIALS is "not compared".
 ARM_TRIALS = 6
 MIN_GAIN = 0.01  # how much better a neighbour must be to move the pick and the climb on
+# A chip budget's split between the roles (decode_instances is the rest unless searched).
+SPLIT_KNOBS = ("prefill_instances", "decode_instances")
 
 
 @dataclass
@@ -107,15 +111,20 @@ def _steps(dist: BaseDistribution, value: Any) -> list[Any]:
 
 
 def neighbours(
-    space: SearchSpace, params: dict[str, Any], frozen: tuple[str, ...] = ()
+    space: SearchSpace,
+    params: dict[str, Any],
+    frozen: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
 ) -> list[dict[str, Any]]:
     """The params one knob away from `params`, in the space's knob order, the `frozen` knobs
-    left alone. A co-located pick's role knobs are left alone too: they do not change what it
-    runs."""
+    left alone (and with `only`, every knob but those). A co-located pick's role knobs are
+    left alone too: they do not change what it runs."""
     co_located = params.get("deployment", "co-located") != "disaggregated"
     out = []
     for name, dist in space.distributions().items():
         if name not in params or name in frozen or (co_located and name in ROLE_KNOBS):
+            continue
+        if only is not None and name not in only:
             continue
         out += [params | {name: value} for value in _steps(dist, params[name])]
     return out
@@ -232,12 +241,22 @@ class Polisher:
         arm = arm or {}
         result = Polish()
         run = self.run
+        split_first = True
         while result.trials < budget:
             pick = arm_pick(run.study, run.scenario, arm)
             if pick is None:
                 result.idle = "no SLA-feasible pick to start from"
                 break
-            todo = unmeasured(run, neighbours(run.space, pick.params, tuple(arm)))
+            # A disaggregated pick climbs its chip split alone first: the split decides that
+            # deployment most, and an arm's polish (ARM_TRIALS) has a few trials, which the
+            # whole neighbourhood spent on the knobs listed first (customer-service on 8
+            # chips: two seeds' disaggregated arms stopped at 5P3D, 80% of 3P5D's capacity).
+            split = split_first and pick.params.get("deployment") == "disaggregated"
+            only = SPLIT_KNOBS if split else None
+            todo = unmeasured(run, neighbours(run.space, pick.params, tuple(arm), only))
+            if split and not todo:
+                split_first = False
+                continue
             ran = self.run_queued(todo[: budget - result.trials])
             result.trials += ran
             if ran == 0:
@@ -246,6 +265,9 @@ class Polisher:
                 break
             new_pick = arm_pick(run.study, run.scenario, arm)
             if new_pick is None or not _beats(new_pick, pick, run.scenario):
+                if split:  # the split settled: now every knob
+                    split_first = False
+                    continue
                 break
             changed = _difference(pick.params, new_pick.params)
             result.changes.append(f"trial {pick.number} -> {new_pick.number} ({changed})")
