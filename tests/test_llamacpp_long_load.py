@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from objectives.scenario import Closed, Scenario
+from objectives.scenario import Scenario
 from testing.engines import engine_scenario
 from tests.test_runner_llamacpp import make_runner
 
@@ -59,37 +59,27 @@ def test_the_last_quarter_is_served_as_fast_as_the_first(
 
 
 def test_sixteen_slots_batch_what_one_slot_queues(llama_server, tiny_model, tmp_path, gguf_cache):
-    """Answers of 256-512 tokens offered at 1.2 times what one slot serves (measured first: its
-    mean latency over 8 requests one at a time): one slot makes each request wait for every
-    answer before it, so its queue grows through the load; 16 slots decode concurrent requests
-    in one batch and start each new one at once. As shipped before issue 30 the cache-growing
-    server ranked 16 slots below 4.
+    """Sixteen users at once, each sending its next request when its answer (256-512 tokens)
+    is done (a closed loop): one slot serves them in turn, so a request waits for the answers
+    of most of the other fifteen before its first token; 16 slots start each request in the
+    next step beside the others' decoding. As shipped before issue 30 the cache-growing server
+    ranked 16 slots below 4.
 
-    The figure is the median TTFT, not a capacity: beside the other test worker (vLLM on the
-    second core) one slot's capacity at TTFT p99 <= 100 ms read 8 req/s and then 16 slots'
-    6.7, the neighbour's load changing between the two searches. The rate follows the machine:
-    a fixed 13 req/s was past one slot's limit on one machine (275 against 4.0 ms) and near it
-    on a faster one (11 against 3.4 ms)."""
-    data = engine_scenario(requests=200, rate=13.0, ttft_ms=1000, output=(256, 512)).model_dump(
-        mode="json"
-    )
+    The figure is the median TTFT under a closed loop, not a capacity nor an open rate: on the
+    tiny model decoding is compute-bound on the CPU, so 16 slots serve only somewhat more
+    than one, and an open rate between the two (1.2 or 2 times what one slot served alone)
+    left the comparison to the neighbour test worker's load (1.85x once; at 2x, 1,382 against
+    1,069 ms). A closed loop's queue is the users', whatever the machine's speed."""
+    data = engine_scenario(requests=64, ttft_ms=1000, output=(256, 512)).model_dump(mode="json")
+    data["workload"]["arrival"] = {"kind": "closed", "concurrency": 16}
     data["load"] = {"mode": "fixed"}
     scenario = Scenario.model_validate(data)
-    one_at_a_time = scenario.workload.model_copy(
-        update={"arrival": Closed(kind="closed", concurrency=1), "num_requests": 8}
-    )
     runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
     ttft_p50_ms = {}
-    workload = None
     for slots in (1, 16):
         with runner.session({**CONFIG, "batch_size": slots}, scenario.workload) as session:
-            if workload is None:
-                alone = session.measure(one_at_a_time)
-                assert alone.fault is None and alone.ok.all(), alone.fault
-                served = 1 / float(np.mean(alone.finish_s - alone.send_s))
-                workload = scenario.at_rate(1.2 * served)
-            m = session.measure(workload)
+            m = session.measure(scenario.workload)
         assert m.fault is None and m.ok.all(), m.fault
         ttft_p50_ms[slots] = float(np.median(m.first_token_s - m.send_s)) * 1000
-    print(f"one slot serves {served:.1f} req/s; TTFT p50 ms by slots: {ttft_p50_ms}")
+    print(f"TTFT p50 ms by slots, 16 users: {ttft_p50_ms}")
     assert ttft_p50_ms[16] * 4 < ttft_p50_ms[1], ttft_p50_ms
