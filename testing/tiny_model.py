@@ -54,20 +54,24 @@ def build_tokenizer(out: Path, vocab_size: int = 2048):
     return fast
 
 
-def build_tiny_qwen2(out: Path) -> Path:
+def build_tiny_qwen2(out: Path, hidden_size: int = 128, layers: int = 2) -> Path:
+    """The default is the tests' model; a wider and deeper one (a bench's) makes prefill cost
+    something on a CPU: about 2 x its parameters in FLOPs a prompt token."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out)
     eos = tokenizer.convert_tokens_to_ids(SPECIAL[0])
+    assert hidden_size % 64 == 0, "the head size is 64"
+    heads = hidden_size // 64
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
         head_dim=64,
         max_position_embeddings=4096,
         rope_theta=10000.0,
