@@ -250,7 +250,7 @@ class Polisher:
             # A disaggregated pick climbs its chip split alone first: the split decides that
             # deployment most, and an arm's polish (ARM_TRIALS) has a few trials, which the
             # whole neighbourhood spent on the knobs listed first (customer-service on 8
-            # chips: two seeds' disaggregated arms stopped at 5P3D, 80% of 3P5D's capacity).
+            # chips: two seeds' disaggregated arms stopped at 5P3D, 73% of 4P4D's capacity).
             split = split_first and pick.params.get("deployment") == "disaggregated"
             only = SPLIT_KNOBS if split else None
             todo = unmeasured(run, neighbours(run.space, pick.params, tuple(arm), only))
