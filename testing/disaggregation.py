@@ -1,4 +1,5 @@
-"""The seed article's disaggregation caveat as workloads and config grids: what
+"""The seed article's workloads: customer-service as its tables have it, and its
+disaggregation caveat as workloads and config grids: what
 tests/test_disaggregation.py checks and bench/bench_disaggregation.py prints share them here
 (a bench imports nothing from tests/)."""
 
@@ -11,26 +12,25 @@ from runners.load.capacity import evaluate
 from runners.sim.runner import SimRunner
 
 
-def _scenario(name: str, inputs: Any, outputs: Any, rate: float, sla: SLA, n: int) -> Scenario:
-    base = load_scenario("customer-service")
-    workload = base.workload.model_copy(
-        update={
-            "num_requests": n,
-            "input_tokens": inputs,
-            "output_tokens": outputs,
-            "arrival": Poisson(kind="poisson", rate=rate),
-            "shared_prefix": None,  # the caveat is about prompt lengths, not a system prompt
-        }
-    )
-    return base.model_copy(update={"name": name, "workload": workload, "sla": sla, "quality": None})
-
-
 def seed_customer_service() -> Scenario:
     """customer-service as the seed article's tables (and the benches measured on it before
     issue 29) have it: 512/128 tokens, no system prompt."""
     base = load_scenario("customer-service")
     workload = base.workload.model_copy(update={"shared_prefix": None})
     return base.model_copy(update={"workload": workload})
+
+
+def _scenario(name: str, inputs: Any, outputs: Any, rate: float, sla: SLA, n: int) -> Scenario:
+    base = seed_customer_service()  # the caveat is about prompt lengths, not a system prompt
+    workload = base.workload.model_copy(
+        update={
+            "num_requests": n,
+            "input_tokens": inputs,
+            "output_tokens": outputs,
+            "arrival": Poisson(kind="poisson", rate=rate),
+        }
+    )
+    return base.model_copy(update={"name": name, "workload": workload, "sla": sla, "quality": None})
 
 
 def short_prompts(requests: int = 400, seed: int = 0) -> Scenario:

@@ -14,6 +14,7 @@ from runners.sim.profiles import Figure, load_hardware
 from runners.sim.runner import DEFAULTS, SimRunner
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace
+from testing.disaggregation import seed_customer_service
 from tests.conftest import small_scenario
 
 KNOBS = {
@@ -29,11 +30,6 @@ def with_prefix(scenario: Scenario, **prefix) -> Scenario:
     data = scenario.model_dump(mode="json")
     data["workload"]["shared_prefix"] = prefix or None
     return Scenario.model_validate(data)
-
-
-def unshared_customer_service() -> Scenario:
-    """customer-service's prompts without its system prompt: every one text of its own."""
-    return with_prefix(load_scenario("customer-service"))
 
 
 def ttft_s(m) -> np.ndarray:
@@ -64,7 +60,7 @@ def test_the_cache_keeps_whole_blocks_and_evicts_the_least_recently_used_idle_pr
 
 
 def test_a_shared_prefix_changes_neither_lengths_nor_arrivals_it_has_room_in():
-    scenario = unshared_customer_service()
+    scenario = seed_customer_service()
     plain = make_requests(scenario.workload)
     shared = make_requests(with_prefix(scenario, tokens=200, share=0.5, prompts=3).workload)
     np.testing.assert_array_equal(plain.arrival_s, shared.arrival_s)
@@ -117,7 +113,7 @@ def test_a_hit_skips_the_prefix_whole_blocks_of_prefill_work(caching):
 
 
 def test_caching_changes_nothing_where_no_prompt_shares_text():
-    scenario = unshared_customer_service()
+    scenario = seed_customer_service()
     unshared = with_prefix(scenario, tokens=200, share=0.0)
     runner = SimRunner()
     runs = [
@@ -200,7 +196,7 @@ def test_each_engine_says_prefix_caching_in_its_own_words():
 
 
 def test_the_space_searches_prefix_caching_only_where_prompts_share_a_prefix(tmp_path):
-    scenario = unshared_customer_service()
+    scenario = seed_customer_service()
     plain = SearchSpace.load("mindie").fit_workload(scenario.workload)
     assert "prefix_caching" not in plain.ranges
     assert any("prefix_caching dropped" in note for note in plain.notes)
