@@ -14,7 +14,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from objectives.scoring import is_feasible
 from runners.sim.runner import SimRunner
-from search_spaces.deployment import ROLE_KNOBS, with_deployment
+from search_spaces.deployment import ROLE_KNOBS, as_deployment, with_deployment
 from search_spaces.space import SearchSpace
 from tests.conftest import run_autotune, small_scenario
 from tuner.polish import MIN_GAIN, NUMERIC_LOG_STEP, Polisher, _steps, neighbours
@@ -107,6 +107,60 @@ def test_a_disaggregated_arm_climbs_its_chip_split_first(tmp_path: Path):
     else:  # the split settled: every knob next
         changed = [k for k in planted if measured[2].params[k] != planted[k]]
         assert changed and changed != ["prefill_instances"]
+
+
+def test_the_same_config_under_the_other_deployment():
+    """A controlled comparison changes the deployment and nothing else: a prefill instance
+    batches as many prompts as the replica's prefill step did, and back; a co-located
+    config's split, which it never ran, starts in the middle of the chips."""
+    space = with_deployment(SearchSpace.load("mindie"), 8, 0.8, "ascend-910b2", True)
+    replica = {"deployment": "co-located", "batch_size": 901, "max_prefill_batch_size": 31}
+    replica |= {"quantization": "w8a8", "prefill_instances": 7, "prefill_batch_size": 1}
+    split = as_deployment(space, replica, "disaggregated")
+    assert split == replica | {"deployment": "disaggregated", "prefill_instances": 4} | {
+        "prefill_batch_size": 31
+    }
+    back = as_deployment(space, split | {"prefill_batch_size": 12}, "co-located")
+    assert back["deployment"] == "co-located" and back["max_prefill_batch_size"] == 12
+    # A disaggregated config keeps its own split; a batch past the knob's range is its end.
+    assert as_deployment(space, split, "disaggregated") == split
+    huge = as_deployment(space, replica | {"max_prefill_batch_size": 1000}, "disaggregated")
+    assert huge["prefill_batch_size"] == space.ranges["prefill_batch_size"].high
+
+
+def test_a_deployment_arm_is_compared_on_the_best_configs_prefill_batch_and_split(
+    tmp_path: Path,
+):
+    """customer-service on 8 chips, seed 2, printed co-located +42%: its controlled trial ran
+    the best co-located config disaggregated at a prefill batch the sampler drew (1), and the
+    arm's polish climbed from a 5P3D pick no one-knob step improves. Here the controlled
+    trial runs the replica's own prefill batch on 4P4D, and its split is climbed from there."""
+    scenario = small_scenario(requests=300)
+    runner = SimRunner(chips=8)
+    space = runner.adapt(SearchSpace.load("mindie").fit_workload(scenario.workload))
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = create_study(
+        storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
+    )
+    replica = {name: _first(dist) for name, dist in space.distributions().items()}
+    replica |= {"deployment": "co-located", "batch_size": 256, "quantization": "w8a8"}
+    replica |= {"max_prefill_batch_size": 16, "max_prefill_tokens": 8192, "prefill_batch_size": 1}
+    study.enqueue_trial(replica)
+    run = StudyRun(study, scenario, space, runner, storage)
+    optimize(run, 1, None)
+    assert is_feasible(study.trials[0].constraints)
+
+    Polisher(run).refine_arms([{"deployment": "disaggregated"}], 3)
+    controlled, *climbed = study.trials[1:4]
+    assert controlled.params == replica | {"deployment": "disaggregated"} | {
+        "prefill_instances": 4,
+        "prefill_batch_size": 16,
+    }
+    assert sorted(t.params["prefill_instances"] for t in climbed) == [3, 5]
+    assert all(
+        t.params == controlled.params | {"prefill_instances": t.params["prefill_instances"]}
+        for t in climbed
+    )
 
 
 def _first(dist):

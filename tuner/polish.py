@@ -40,6 +40,7 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives.scenario import Scenario
 from objectives.scoring import is_feasible, pick_best
 from runners.quality import quality_pair
+from search_spaces.deployment import as_deployment, is_disaggregated
 from search_spaces.space import GRID_POINTS, ROLE_KNOBS, SearchSpace
 from tuner.quality import EXCLUDED
 from tuner.study import (
@@ -165,21 +166,33 @@ def _beats(new: FrozenTrial, old: FrozenTrial, scenario: Scenario) -> bool:
     return new.values[1] > old.values[1] * (1 + MIN_GAIN)
 
 
-def arm_pick(study: optuna.Study, scenario: Scenario, arm: dict[str, Any]) -> FrozenTrial | None:
-    """The pick rule within the SLA-feasible trials that run the arm (every trial for {})."""
-    if not arm:
-        return best_trial(study, scenario)
-    feasible = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if is_feasible(t.constraints) and in_arm(study, t, arm)
-    ]
+def _pick_among(trials: list[FrozenTrial], scenario: Scenario) -> FrozenTrial | None:
+    """The pick rule within the SLA-feasible ones of `trials`."""
+    feasible = [t for t in trials if t.state == TrialState.COMPLETE and is_feasible(t.constraints)]
     key = pick_best(
         [(t.number, t.values[0], t.values[1]) for t in feasible],
         scenario.pick,
         scenario.tie_tolerance,
     )
     return next((t for t in feasible if t.number == key), None)
+
+
+def arm_pick(study: optuna.Study, scenario: Scenario, arm: dict[str, Any]) -> FrozenTrial | None:
+    """The pick rule within the SLA-feasible trials that run the arm (every trial for {})."""
+    if not arm:
+        return best_trial(study, scenario)
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return _pick_among([t for t in trials if in_arm(study, t, arm)], scenario)
+
+
+def measured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[FrozenTrial]:
+    """The complete trials that ran the candidate params' configs (unmeasured's converse)."""
+    wanted = [run.space.config_of(params) for params in candidates]
+    return [
+        t
+        for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if trial_knobs(run.study, t) in wanted
+    ]
 
 
 def arms(run: StudyRun) -> list[dict[str, Any]]:
@@ -240,38 +253,56 @@ class Polisher:
         deployment), the pick is the arm's own and its knobs stay as they are."""
         arm = arm or {}
         result = Polish()
-        run = self.run
-        split_first = True
-        while result.trials < budget:
-            pick = arm_pick(run.study, run.scenario, arm)
-            if pick is None:
-                result.idle = "no SLA-feasible pick to start from"
-                break
+        pick = arm_pick(self.run.study, self.run.scenario, arm)
+        if pick is None:
+            result.idle = "no SLA-feasible pick to start from"
+            return result
+        if is_disaggregated(pick.params):
             # A disaggregated pick climbs its chip split alone first: the split decides that
             # deployment most, and an arm's polish (ARM_TRIALS) has a few trials, which the
             # whole neighbourhood spent on the knobs listed first (customer-service on 8
             # chips: two seeds' disaggregated arms stopped at 5P3D, 73% of 4P4D's capacity).
-            split = split_first and pick.params.get("deployment") == "disaggregated"
-            only = SPLIT_KNOBS if split else None
-            todo = unmeasured(run, neighbours(run.space, pick.params, tuple(arm), only))
-            if split and not todo:
-                split_first = False
-                continue
+            pick = self._climb(pick, budget, tuple(arm), SPLIT_KNOBS, result)
+        self._climb(pick, budget, tuple(arm), None, result)
+        return result
+
+    def climb(self, params: dict[str, Any], knobs: tuple[str, ...], budget: int) -> int:
+        """From the trial that ran `params`, one of `knobs` stepped while a step wins (_climb),
+        whether or not that trial is any arm's pick; how many trials ran."""
+        start = next(iter(measured(self.run, [params])), None)
+        result = Polish()
+        if start is not None:
+            self._climb(start, budget, (), knobs, result)
+        return result.trials
+
+    def _climb(
+        self,
+        here: FrozenTrial,
+        budget: int,
+        frozen: tuple[str, ...],
+        only: tuple[str, ...] | None,
+        result: Polish,
+    ) -> FrozenTrial:
+        """From trial `here`, to the best of its one-knob neighbours (neighbours' `frozen` and
+        `only`) while that beats where the climb stands (the module's rule; any SLA-feasible
+        step beats an infeasible start), until `result` counts `budget` trials. The trials and
+        changes go to `result`; where the climb stopped is returned."""
+        scenario = self.run.scenario
+        while result.trials < budget:
+            steps = neighbours(self.run.space, here.params, frozen, only)
+            todo = unmeasured(self.run, steps)
             ran = self.run_queued(todo[: budget - result.trials])
             result.trials += ran
-            if ran == 0:
-                if todo:
-                    result.idle = "no time left, or another run is adding trials to the study"
+            if todo and ran == 0:
+                result.idle = "no time left, or another run is adding trials to the study"
+            best = _pick_among([here, *measured(self.run, steps)], scenario)
+            if best is None or (is_feasible(here.constraints) and not _beats(best, here, scenario)):
                 break
-            new_pick = arm_pick(run.study, run.scenario, arm)
-            if new_pick is None or not _beats(new_pick, pick, run.scenario):
-                if split:  # the split settled: now every knob
-                    split_first = False
-                    continue
-                break
-            changed = _difference(pick.params, new_pick.params)
-            result.changes.append(f"trial {pick.number} -> {new_pick.number} ({changed})")
-        return result
+            result.changes.append(
+                f"trial {here.number} -> {best.number} ({_difference(here.params, best.params)})"
+            )
+            here = best
+        return here
 
     def run_sampled(self, arm: dict[str, Any], n: int) -> int:
         """`n` trials proposed within the arm (tuner.study.propose_within): the arm searched
@@ -284,7 +315,8 @@ class Polisher:
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report
         compare stands on both sides: first the best config so far with only the arm
-        changed (a controlled comparison), then half the rest proposed within the arm by
+        changed (a controlled comparison; across deployments as_deployment's, whose split
+        is then climbed), then half the rest proposed within the arm by
         a new sampler shown only the arm's trials (propose_within), then the arm's own
         pick polished. At most `per_arm` trials an arm; how many ran."""
         ran = 0
@@ -293,7 +325,14 @@ class Polisher:
             if best is None:  # nothing met the SLA: no statement compares arms
                 break
             controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
+            to = arm.get("deployment")
+            if to is not None and best.params.get("deployment") != to:
+                controlled = as_deployment(self.run.space, best.params, to)
             done = self.run_queued(unmeasured(self.run, [controlled]))
+            if is_disaggregated(controlled) and not is_disaggregated(best.params):
+                # A co-located config's split means nothing: the controlled trial's is
+                # climbed from the middle before the comparison stands on it.
+                done += self.climb(controlled, SPLIT_KNOBS, per_arm - done)
             ran, budget = ran + done, per_arm - done
             done = self.run_sampled(arm, budget // 2)
             ran, budget = ran + done, budget - done
