@@ -17,7 +17,7 @@ from runners.sim.runner import SimRunner
 from search_spaces.deployment import ROLE_KNOBS, as_deployment, with_deployment
 from search_spaces.space import SearchSpace
 from tests.conftest import run_autotune, small_scenario
-from tuner.polish import MIN_GAIN, NUMERIC_LOG_STEP, Polisher, _steps, neighbours
+from tuner.polish import NUMERIC_LOG_STEP, Polisher, _steps, neighbours
 from tuner.storage import open_storage
 from tuner.study import StudyRun, best_trial, create_study, optimize
 
@@ -68,10 +68,11 @@ def test_neighbours_change_one_knob_each_and_leave_a_co_located_picks_role_knobs
     }
 
 
-def test_a_disaggregated_arm_climbs_its_chip_split_first(tmp_path: Path):
-    """An arm's polish has a few trials (ARM_TRIALS); a disaggregated pick's first ones move a
-    chip between prefill and decode, and follow the split while a move wins: customer-service
-    on 8 chips planted at 5P3D, three trials."""
+def test_a_disaggregated_arm_climbs_its_balance_first(tmp_path: Path):
+    """An arm's polish has a few trials (ARM_TRIALS); a disaggregated pick's first ones move
+    what balances prefill against decode: a chip between the roles, then the prefill
+    instances' batch (customer-service on 8 chips planted at 5P3D, prefill batch 16, three
+    trials), before any other knob."""
     scenario = small_scenario(requests=300)
     runner = SimRunner(chips=8)
     space = runner.adapt(SearchSpace.load("mindie").fit_workload(scenario.workload))
@@ -92,21 +93,10 @@ def test_a_disaggregated_arm_climbs_its_chip_split_first(tmp_path: Path):
     result = Polisher(run).polish(3, {"deployment": "disaggregated"})
     assert result.trials == 3
     measured = study.trials[1:]
-    moved = [[k for k in planted if t.params[k] != planted[k]] for t in measured[:2]]
-    assert moved == [["prefill_instances"], ["prefill_instances"]]
+    moved = [[k for k in planted if t.params[k] != planted[k]] for t in measured]
+    assert moved == [["prefill_instances"], ["prefill_instances"], ["prefill_batch_size"]]
     assert sorted(t.params["prefill_instances"] for t in measured[:2]) == [4, 6]
-
-    def capacity(trial) -> float:
-        return trial.values[1] if trial.values and is_feasible(trial.constraints) else 0.0
-
-    better = max(measured[:2], key=capacity)
-    if capacity(better) > capacity(study.trials[0]) * (1 + MIN_GAIN):
-        # the climb goes on along the split, the same way
-        further = 2 * better.params["prefill_instances"] - 5
-        assert measured[2].params == planted | {"prefill_instances": further}
-    else:  # the split settled: every knob next
-        changed = [k for k in planted if measured[2].params[k] != planted[k]]
-        assert changed and changed != ["prefill_instances"]
+    assert measured[2].params["prefill_batch_size"] == 13  # 16 / 1.25, the step down first
 
 
 def test_the_same_config_under_the_other_deployment():
@@ -161,6 +151,16 @@ def test_a_deployment_arm_is_compared_on_the_best_configs_prefill_batch_and_spli
         t.params == controlled.params | {"prefill_instances": t.params["prefill_instances"]}
         for t in climbed
     )
+
+    # What the pick's polish leaves goes to the deployment that trails the pick.
+    leader = best_trial(study, scenario)
+    assert leader is not None
+    behind = "co-located" if leader.params["deployment"] == "disaggregated" else "disaggregated"
+    said = Polisher(run).polish_trailing_deployment(
+        [{"deployment": "co-located"}, {"deployment": "disaggregated"}], 2
+    )
+    assert said.startswith(f"; {behind} (behind): 2 more trials")
+    assert [t.params["deployment"] for t in study.trials[4:]] == [behind, behind]
 
 
 def _first(dist):

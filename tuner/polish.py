@@ -64,8 +64,10 @@ REAL_POLISH_TRIALS = 12
 # and a short polish. An arm with fewer measured trials than MIN_ARM_TRIALS is "not compared".
 ARM_TRIALS = 6
 MIN_GAIN = 0.01  # how much better a neighbour must be to move the pick and the climb on
-# A chip budget's split between the roles (decode_instances is the rest unless searched).
+# A chip budget's split between the roles (decode_instances is the rest unless searched), and
+# with the prefill instances' batch, the knobs that balance prefill against decode.
 SPLIT_KNOBS = ("prefill_instances", "decode_instances")
+BALANCE_KNOBS = (*SPLIT_KNOBS, "prefill_batch_size")
 
 
 @dataclass
@@ -258,11 +260,12 @@ class Polisher:
             result.idle = "no SLA-feasible pick to start from"
             return result
         if is_disaggregated(pick.params):
-            # A disaggregated pick climbs its chip split alone first: the split decides that
-            # deployment most, and an arm's polish (ARM_TRIALS) has a few trials, which the
-            # whole neighbourhood spent on the knobs listed first (customer-service on 8
-            # chips: two seeds' disaggregated arms stopped at 5P3D, 73% of 4P4D's capacity).
-            pick = self._climb(pick, budget, tuple(arm), SPLIT_KNOBS, result)
+            # A disaggregated pick climbs the knobs that balance its roles first: they decide
+            # that deployment most, and an arm's polish (ARM_TRIALS) has a few trials, which
+            # the whole neighbourhood spent on the knobs listed first (customer-service on 8
+            # chips: two seeds' disaggregated arms stopped at 5P3D, 73% of 4P4D's capacity;
+            # short prompts, seed 2: 3P5D at a prefill batch of 13, 95% of what 20 gives).
+            pick = self._climb(pick, budget, tuple(arm), BALANCE_KNOBS, result)
         self._climb(pick, budget, tuple(arm), None, result)
         return result
 
@@ -303,6 +306,30 @@ class Polisher:
             )
             here = best
         return here
+
+    def polish_trailing_deployment(self, compared: list[dict[str, Any]], budget: int) -> str:
+        """The deployment arm of `compared` whose pick trails the study's pick, polished with
+        `budget` (what the pick's own polish left): the printed verdict's margin is that pick's
+        distance from the leader, and the leader's pick is the polished one already. What ran,
+        as a clause for the console ("" when nothing did)."""
+        best = best_trial(self.run.study, self.run.scenario)
+        if best is None or budget <= 0:
+            return ""
+        leader = best.params.get("deployment")
+        trailing = [
+            arm
+            for arm in compared
+            if set(arm) == {"deployment"}
+            and arm["deployment"] != leader
+            and arm_pick(self.run.study, self.run.scenario, arm) is not None
+        ]
+        if leader is None or not trailing:
+            return ""
+        result = self.polish(budget, trailing[0])
+        if result.trials == 0:
+            return ""
+        changed = "; ".join(result.changes) or "its pick stands"
+        return f"; {trailing[0]['deployment']} (behind): {result.trials} more trials, {changed}"
 
     def run_sampled(self, arm: dict[str, Any], n: int) -> int:
         """`n` trials proposed within the arm (tuner.study.propose_within): the arm searched
@@ -348,8 +375,8 @@ def refine_and_polish(
 ) -> str:
     """After a study's trials, at most `budget` more before `deadline`: each compared arm
     searched (refine_arms, ARM_TRIALS each at most, leaving a share for the pick), then the
-    pick polished. What ran, in one line for the console. A grid measures its points itself:
-    nothing runs after it."""
+    pick polished, then with what is left the trailing deployment's pick. What ran, in one
+    line for the console. A grid measures its points itself: nothing runs after it."""
     if isinstance(run.study.sampler, optuna.samplers.GridSampler):
         return "polish: none after a grid, which measured every point it has"
     polisher = Polisher(run, on_trial, deadline)
@@ -357,9 +384,11 @@ def refine_and_polish(
     per_arm = min(ARM_TRIALS, budget // (len(compared) + 1))
     refined = polisher.refine_arms(compared, per_arm) if per_arm else 0
     polished = polisher.polish(budget - refined)
+    left = budget - refined - polished.trials
+    trailing = polisher.polish_trailing_deployment(compared, left) if per_arm else ""
     if not per_arm:
         return polished.summary()
     return (
         f"arms: {refined} trials searched {len(compared)} arms (each precision and KV pair, "
-        f"each deployment) from the best config so far; {polished.summary()}"
+        f"each deployment) from the best config so far; {polished.summary()}{trailing}"
     )
