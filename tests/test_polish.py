@@ -73,23 +73,13 @@ def test_a_disaggregated_arm_climbs_its_balance_first(tmp_path: Path):
     what balances prefill against decode: a chip between the roles, then the prefill
     instances' batch (customer-service on 8 chips planted at 5P3D, prefill batch 16, three
     trials), before any other knob."""
-    scenario = small_scenario(requests=300)
-    runner = SimRunner(chips=8)
-    space = runner.adapt(SearchSpace.load("mindie").fit_workload(scenario.workload))
-    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
-    study = create_study(
-        storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
+    run, planted = _eight_chip_study(
+        tmp_path,
+        {"deployment": "disaggregated", "prefill_instances": 5, "batch_size": 256}
+        | {"quantization": "w8a8", "prefix_caching": True, "max_prefill_batch_size": 16}
+        | {"max_prefill_tokens": 8192, "prefill_batch_size": 16},
     )
-    dists = space.distributions()
-    planted = {name: _first(dist) for name, dist in dists.items()}
-    planted |= {"deployment": "disaggregated", "prefill_instances": 5, "batch_size": 256}
-    planted |= {"quantization": "w8a8", "prefix_caching": True, "max_prefill_batch_size": 16}
-    planted |= {"max_prefill_tokens": 8192, "prefill_batch_size": 16}
-    study.enqueue_trial(planted)
-    run = StudyRun(study, scenario, space, runner, storage)
-    optimize(run, 1, None)
-    assert is_feasible(study.trials[0].constraints)
-
+    study = run.study
     result = Polisher(run).polish(3, {"deployment": "disaggregated"})
     assert result.trials == 3
     measured = study.trials[1:]
@@ -125,21 +115,12 @@ def test_a_deployment_arm_is_compared_on_the_best_configs_prefill_batch_and_spli
     the best co-located config disaggregated at a prefill batch the sampler drew (1), and the
     arm's polish climbed from a 5P3D pick no one-knob step improves. Here the controlled
     trial runs the replica's own prefill batch on 4P4D, and its split is climbed from there."""
-    scenario = small_scenario(requests=300)
-    runner = SimRunner(chips=8)
-    space = runner.adapt(SearchSpace.load("mindie").fit_workload(scenario.workload))
-    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
-    study = create_study(
-        storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
+    run, replica = _eight_chip_study(
+        tmp_path,
+        {"deployment": "co-located", "batch_size": 256, "quantization": "w8a8"}
+        | {"max_prefill_batch_size": 16, "max_prefill_tokens": 8192, "prefill_batch_size": 1},
     )
-    replica = {name: _first(dist) for name, dist in space.distributions().items()}
-    replica |= {"deployment": "co-located", "batch_size": 256, "quantization": "w8a8"}
-    replica |= {"max_prefill_batch_size": 16, "max_prefill_tokens": 8192, "prefill_batch_size": 1}
-    study.enqueue_trial(replica)
-    run = StudyRun(study, scenario, space, runner, storage)
-    optimize(run, 1, None)
-    assert is_feasible(study.trials[0].constraints)
-
+    study, scenario = run.study, run.scenario
     Polisher(run).refine_arms([{"deployment": "disaggregated"}], 3)
     controlled, *climbed = study.trials[1:4]
     assert controlled.params == replica | {"deployment": "disaggregated"} | {
@@ -161,6 +142,24 @@ def test_a_deployment_arm_is_compared_on_the_best_configs_prefill_batch_and_spli
     )
     assert said.startswith(f"; {behind} (behind): 2 more trials")
     assert [t.params["deployment"] for t in study.trials[4:]] == [behind, behind]
+
+
+def _eight_chip_study(tmp_path: Path, knobs: dict) -> tuple[StudyRun, dict]:
+    """A study on 8 simulated chips whose one trial, feasible, runs `knobs` (every other knob
+    at its lowest or first value): the study and the params planted."""
+    scenario = small_scenario(requests=300)
+    runner = SimRunner(chips=8)
+    space = runner.adapt(SearchSpace.load("mindie").fit_workload(scenario.workload))
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = create_study(
+        storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
+    )
+    planted = {name: _first(dist) for name, dist in space.distributions().items()} | knobs
+    study.enqueue_trial(planted)
+    run = StudyRun(study, scenario, space, runner, storage)
+    optimize(run, 1, None)
+    assert is_feasible(study.trials[0].constraints)
+    return run, planted
 
 
 def _first(dist):
