@@ -19,7 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from objectives.userfile import InputError
 from search_spaces.knobs import KNOBS
@@ -69,9 +74,10 @@ def role_config(config: dict[str, Any], role: str) -> dict[str, Any]:
 def as_deployment(space: SearchSpace, params: dict[str, Any], deployment: str) -> dict[str, Any]:
     """`params` run under the other `deployment` with nothing else changed, for a controlled
     comparison: a prefill instance batches the prompts a replica's prefill step does (its
-    prefill_batch_size is the replica's max_prefill_batch_size, as role_config runs it, and
-    back), and a co-located config, whose split means nothing, is split in half, where a climb
-    of the split starts. Knobs the space holds fixed stay as they are.
+    prefill_batch_size is the replica's prefill batch as it runs, max_prefill_batch_size
+    clamped to the batch, or the batch itself on an engine without that knob, as vLLM; and
+    back), and a co-located config, whose split means nothing, is split in half, where a
+    climb of the split starts. Knobs the space holds fixed stay as they are.
 
     Left to the sampler, those knobs took whatever it drew: customer-service on 8 chips
     measured its best co-located config disaggregated at a prefill batch of 1 (1,950 tok/s per
@@ -79,26 +85,32 @@ def as_deployment(space: SearchSpace, params: dict[str, Any], deployment: str) -
     the best disaggregated config any run found (bench/README)."""
     searched = space.distributions()
     out = params | {"deployment": deployment}
+    if is_disaggregated(params) == (deployment == "disaggregated"):
+        return out
+    ran = space.config_of(params)  # with the fixed knobs, and the prefill batch as it ran
     if deployment != "disaggregated":
-        if "prefill_batch_size" in params and "max_prefill_batch_size" in searched:
-            wanted = params["prefill_batch_size"]
+        wanted = ran.get("prefill_batch_size")
+        if "max_prefill_batch_size" in searched and wanted is not None:
             out["max_prefill_batch_size"] = _nearest(searched["max_prefill_batch_size"], wanted)
         return out
-    if is_disaggregated(params):
-        return out
-    if "max_prefill_batch_size" in params and "prefill_batch_size" in searched:
-        wanted = params["max_prefill_batch_size"]
-        out["prefill_batch_size"] = _nearest(searched["prefill_batch_size"], wanted)
+    replica_batch = ran.get("max_prefill_batch_size", ran.get("batch_size"))
+    if "prefill_batch_size" in searched and replica_batch is not None:
+        out["prefill_batch_size"] = _nearest(searched["prefill_batch_size"], replica_batch)
     if "prefill_instances" in searched:
         out["prefill_instances"] = _nearest(searched["prefill_instances"], space.chips // 2)
-        if "decode_instances" in searched:
-            rest = space.chips - out["prefill_instances"]
-            out["decode_instances"] = _nearest(searched["decode_instances"], rest)
+    if "decode_instances" in searched:
+        prefill = out.get("prefill_instances", space.fixed().get("prefill_instances"))
+        rest = space.chips - int(prefill if prefill is not None else space.chips // 2)
+        out["decode_instances"] = _nearest(searched["decode_instances"], rest)
     return out
 
 
 def _nearest(dist: BaseDistribution, value: Any) -> Any:
-    """The value of a numeric distribution nearest to `value` (on its step, within its ends)."""
+    """The value of a distribution nearest to `value`: on a numeric one's step within its
+    ends, or the nearest of a --space file's listed choices."""
+    if isinstance(dist, CategoricalDistribution):
+        numbers = [c for c in dist.choices if isinstance(c, (int, float))]
+        return min(numbers, key=lambda choice: abs(choice - value), default=dist.choices[0])
     assert isinstance(dist, (IntDistribution, FloatDistribution)), dist
     nearest = min(max(value, dist.low), dist.high)
     if dist.step:

@@ -5,17 +5,21 @@ may meet every SLO and do better under the pick rule (content-generation exporte
 the same knobs at bf16 were better on throughput and quality alike). Before exporting, the
 pick's one-knob neighbourhood is measured: each categorical knob's other values, each numeric
 knob one step either way (a log-scaled knob by NUMERIC_LOG_STEP, a linear one by a fifth of its
-range, the grid's interval, rounded to its own step and one step at least: on 8 chips
-prefill_instances moves by 1). A neighbour that the pick rule prefers (tuner.study.best_trial)
-by more than MIN_GAIN becomes the pick and its neighbourhood is measured in turn, until none
-beats the pick or the budget of trials is spent. A disaggregated pick first climbs its chip
-split alone (a step of prefill instances, decode taking the rest), which decides that
-deployment most.
+range, the grid's interval, rounded to its own step and one step at least: on up to 9 chips
+prefill_instances moves by 1). The neighbour the pick rule prefers among the pick and its
+neighbours (objectives.scoring.pick_best) becomes the pick if it is better by more than
+MIN_GAIN, and its neighbourhood is measured in turn, until none beats the pick or the budget of
+trials is spent. A disaggregated pick first climbs the knobs that balance its roles alone (its
+split, decode taking the rest of the chips, and the prefill instances' batch), which decide
+that deployment most.
 
 Comparisons get the same treatment (refine_arms): each arm the console and report compare (a
 precision and KV pair of the quality ladder, a deployment on a chip budget) is measured with
-the best config so far and only the arm changed, then its own pick is polished a little, so no
-statement stands on whichever arm the sampler happened to visit.
+the best config so far and only the arm changed (across deployments,
+search_spaces.deployment.as_deployment, its split climbed from the middle), then its own pick
+is polished a little, so no statement stands on whichever arm the sampler happened to visit.
+What the pick's polish leaves goes to the deployment that trails the pick, whose distance from
+it is the printed verdict's margin.
 
 The neighbours are ordinary trials of the study (enqueued, then run as any other), so the front,
 the report and later runs see them, and a neighbour measured before is not measured again.
@@ -51,6 +55,7 @@ from tuner.study import (
     has_running_trials,
     optimize,
     propose_within,
+    ran_config,
     trial_knobs,
     unmeasured,
 )
@@ -193,7 +198,7 @@ def measured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[FrozenTria
     return [
         t
         for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if trial_knobs(run.study, t) in wanted
+        if ran_config(run, t) in wanted
     ]
 
 
@@ -251,8 +256,9 @@ class Polisher:
 
     def polish(self, budget: int, arm: dict[str, Any] | None = None) -> Polish:
         """Measure the pick's one-knob neighbours until none beats it (the module's rule), at
-        most `budget` trials. With an `arm` (knob values held fixed: a precision and KV pair, a
-        deployment), the pick is the arm's own and its knobs stay as they are."""
+        most `budget` trials; a disaggregated pick's BALANCE_KNOBS first, alone. With an `arm`
+        (knob values held fixed: a precision and KV pair, a deployment), the pick is the arm's
+        own and its knobs stay as they are."""
         arm = arm or {}
         result = Polish()
         pick = arm_pick(self.run.study, self.run.scenario, arm)
@@ -298,7 +304,10 @@ class Polisher:
             result.trials += ran
             if todo and ran == 0:
                 result.idle = "no time left, or another run is adding trials to the study"
-            best = _pick_among([here, *measured(self.run, steps)], scenario)
+            # A step that runs as `here` does (a prefill batch clamped to the batch) is no move.
+            stays = ran_config(self.run, here)
+            moves = [t for t in measured(self.run, steps) if ran_config(self.run, t) != stays]
+            best = _pick_among([here, *moves], scenario)
             if best is None or (is_feasible(here.constraints) and not _beats(best, here, scenario)):
                 break
             result.changes.append(
@@ -329,7 +338,10 @@ class Polisher:
         if result.trials == 0:
             return ""
         changed = "; ".join(result.changes) or "its pick stands"
-        return f"; {trailing[0]['deployment']} (behind): {result.trials} more trials, {changed}"
+        now = best_trial(self.run.study, self.run.scenario)
+        ahead = now is not None and now.params.get("deployment") != leader
+        behind = "was behind, now ahead" if ahead else "behind"
+        return f"; {trailing[0]['deployment']} ({behind}): {result.trials} more trials, {changed}"
 
     def run_sampled(self, arm: dict[str, Any], n: int) -> int:
         """`n` trials proposed within the arm (tuner.study.propose_within): the arm searched

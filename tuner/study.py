@@ -225,18 +225,22 @@ ONE_CHIP_TRIALS = "one_chip_trials"
 MIN_ARM_TRIALS = 3
 
 
+def ran_config(run: StudyRun, trial: FrozenTrial) -> dict[str, Any]:
+    """The config a trial ran (or will run: queued), as the space settles params (config_of):
+    what tells two trials of the same config."""
+    if "knobs" in trial.user_attrs:
+        return trial_knobs(run.study, trial)
+    return run.space.config_of(trial.params)
+
+
 def unmeasured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The candidate params whose config no trial of the study ran (or will run: queued), each
     once; two params that run the same config (a co-located trial's unused role knobs, a
     prefill batch clamped to the batch) are one."""
-    study, space = run.study, run.space
-    seen = [
-        trial_knobs(study, t) if "knobs" in t.user_attrs else space.config_of(t.params)
-        for t in study.get_trials(deepcopy=False)
-    ]
+    seen = [ran_config(run, t) for t in run.study.get_trials(deepcopy=False)]
     out = []
     for params in candidates:
-        config = space.config_of(params)
+        config = run.space.config_of(params)
         if config not in seen:
             seen.append(config)
             out.append(params)
