@@ -7,6 +7,7 @@ neighbour that the pick rule prefers."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -17,9 +18,9 @@ from runners.sim.runner import SimRunner
 from search_spaces.deployment import ROLE_KNOBS, as_deployment, with_deployment
 from search_spaces.space import KnobRange, SearchSpace
 from tests.conftest import run_autotune, small_scenario
-from tuner.polish import NUMERIC_LOG_STEP, Polisher, _steps, neighbours
+from tuner.polish import NUMERIC_LOG_STEP, SPLIT_KNOBS, Polisher, _steps, neighbours
 from tuner.storage import open_storage
-from tuner.study import StudyRun, best_trial, create_study, optimize
+from tuner.study import CONSTRAINTS_ATTR, StudyRun, best_trial, create_study, optimize
 
 
 def test_a_categorical_knob_steps_to_each_other_value():
@@ -184,9 +185,9 @@ def test_a_deployment_arm_is_compared_on_the_best_configs_prefill_batch_and_spli
     assert [t.params["deployment"] for t in study.trials[4:]] == [behind, behind]
 
 
-def _eight_chip_study(tmp_path: Path, knobs: dict) -> tuple[StudyRun, dict]:
+def _eight_chip_study(tmp_path: Path, knobs: dict, run_it: bool = True) -> tuple[StudyRun, dict]:
     """A study on 8 simulated chips whose one trial, feasible, runs `knobs` (every other knob
-    at its lowest or first value): the study and the params planted."""
+    at its lowest or first value; with `run_it` off, none runs): the study and the params."""
     scenario = small_scenario(requests=300)
     runner = SimRunner(chips=8)
     space = runner.adapt(SearchSpace.load("mindie").fit_workload(scenario.workload))
@@ -195,10 +196,11 @@ def _eight_chip_study(tmp_path: Path, knobs: dict) -> tuple[StudyRun, dict]:
         storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
     )
     planted = {name: _first(dist) for name, dist in space.distributions().items()} | knobs
-    study.enqueue_trial(planted)
     run = StudyRun(study, scenario, space, runner, storage)
-    optimize(run, 1, None)
-    assert is_feasible(study.trials[0].constraints)
+    if run_it:
+        study.enqueue_trial(planted)
+        optimize(run, 1, None)
+        assert is_feasible(study.trials[0].constraints)
     return run, planted
 
 
@@ -273,3 +275,48 @@ def test_the_console_says_what_polish_did(tmp_path: Path, scenario_file: Path):
         "--study", "other", cwd=tmp_path,
     )  # fmt: skip
     assert "polish:" not in no_polish.stderr
+
+
+@dataclass
+class _LandscapePolisher(Polisher):
+    """A polisher whose trials are read off a planted landscape instead of run: the climb's
+    decisions alone, as pure logic."""
+
+    # prefill_instances -> tok/s; None: misses the SLA
+    landscape: dict[int, float | None] = field(default_factory=dict)
+
+    def run_queued(self, todo):
+        dists = self.run.space.distributions()
+        for params in todo:
+            throughput = self.landscape[params["prefill_instances"]]
+            self.run.study.add_trial(
+                optuna.trial.create_trial(
+                    params=params,
+                    distributions={name: dists[name] for name in params},
+                    values=[50.0, throughput or 10.0],
+                    user_attrs={"knobs": self.run.space.config_of(params)},
+                    system_attrs={CONSTRAINTS_ATTR: [0.0 if throughput else 1.0]},
+                )
+            )
+        return len(todo)
+
+
+def test_a_split_climb_leaves_an_infeasible_start_and_stops_at_its_peak(tmp_path: Path):
+    """Planted: 4P4D misses the SLA; 3P 100 tok/s, 5P 120, 6P 130, 7P 125. From 4P any
+    feasible step wins (5P, the better of 3P and 5P), then 6P beats it by 8%, and 7P does
+    not beat 6P: four trials; with a budget of two, only 4P's neighbours."""
+    run, planted = _eight_chip_study(tmp_path, {"deployment": "disaggregated"}, run_it=False)
+    start = planted | {"prefill_instances": 4, "prefill_batch_size": 16}
+    landscape = {1: 50.0, 2: 80.0, 3: 100.0, 4: None, 5: 120.0, 6: 130.0, 7: 125.0}
+
+    def climbed(budget: int) -> tuple[int, list[int]]:
+        polisher = _LandscapePolisher(run, landscape=landscape)
+        first = len(run.study.trials)
+        polisher.run_queued([start])
+        ran = polisher.climb(start, SPLIT_KNOBS, budget)
+        return ran, [t.params["prefill_instances"] for t in run.study.trials[first + 1 :]]
+
+    ran, measured = climbed(2)
+    assert (ran, sorted(measured)) == (2, [3, 5])
+    ran, measured = climbed(10)  # 3 and 5 measured already: 6, then 7
+    assert (ran, measured) == (2, [6, 7])
