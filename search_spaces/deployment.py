@@ -19,16 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
-
 from objectives.userfile import InputError
 from search_spaces.knobs import KNOBS
-from search_spaces.space import ROLE_KNOBS, KnobRange, SearchSpace
+from search_spaces.space import ROLE_KNOBS, KnobRange, SearchSpace, nearest_value
 
 DEPLOYMENT_KNOBS = ("deployment", *ROLE_KNOBS)
 PREFILL_BATCH = KnobRange(low=1, high=256, log=True)  # as the preset's batch_size
@@ -91,31 +84,20 @@ def as_deployment(space: SearchSpace, params: dict[str, Any], deployment: str) -
     if deployment != "disaggregated":
         wanted = ran.get("prefill_batch_size")
         if "max_prefill_batch_size" in searched and wanted is not None:
-            out["max_prefill_batch_size"] = _nearest(searched["max_prefill_batch_size"], wanted)
+            out["max_prefill_batch_size"] = nearest_value(
+                searched["max_prefill_batch_size"], wanted
+            )
         return out
     replica_batch = ran.get("max_prefill_batch_size", ran.get("batch_size"))
     if "prefill_batch_size" in searched and replica_batch is not None:
-        out["prefill_batch_size"] = _nearest(searched["prefill_batch_size"], replica_batch)
+        out["prefill_batch_size"] = nearest_value(searched["prefill_batch_size"], replica_batch)
     if "prefill_instances" in searched:
-        out["prefill_instances"] = _nearest(searched["prefill_instances"], space.chips // 2)
+        out["prefill_instances"] = nearest_value(searched["prefill_instances"], space.chips // 2)
     if "decode_instances" in searched:
         prefill = out.get("prefill_instances", space.fixed().get("prefill_instances"))
         rest = space.chips - int(prefill if prefill is not None else space.chips // 2)
-        out["decode_instances"] = _nearest(searched["decode_instances"], rest)
+        out["decode_instances"] = nearest_value(searched["decode_instances"], rest)
     return out
-
-
-def _nearest(dist: BaseDistribution, value: Any) -> Any:
-    """The value of a distribution nearest to `value`: on a numeric one's step within its
-    ends, or the nearest of a --space file's listed choices."""
-    if isinstance(dist, CategoricalDistribution):
-        numbers = [c for c in dist.choices if isinstance(c, (int, float))]
-        return min(numbers, key=lambda choice: abs(choice - value), default=dist.choices[0])
-    assert isinstance(dist, (IntDistribution, FloatDistribution)), dist
-    nearest = min(max(value, dist.low), dist.high)
-    if dist.step:
-        nearest = dist.low + round((nearest - dist.low) / dist.step) * dist.step
-    return int(nearest) if isinstance(dist, IntDistribution) else float(nearest)
 
 
 def co_located_only(config: dict[str, Any]) -> list[str]:

@@ -439,6 +439,19 @@ class SearchSpace:
         return reasons
 
 
+def nearest_value(dist: BaseDistribution, value: Any) -> Any:
+    """The value of a distribution nearest to `value`: on a numeric one's step within its
+    ends, or the nearest of a --space file's listed choices."""
+    if isinstance(dist, CategoricalDistribution):
+        numbers = [c for c in dist.choices if isinstance(c, (int, float))]
+        return min(numbers, key=lambda choice: abs(choice - value), default=dist.choices[0])
+    assert isinstance(dist, (IntDistribution, FloatDistribution)), dist
+    nearest = min(max(value, dist.low), dist.high)
+    if dist.step:
+        nearest = dist.low + round((nearest - dist.low) / dist.step) * dist.step
+    return int(nearest) if isinstance(dist, IntDistribution) else float(nearest)
+
+
 def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     if isinstance(dist, CategoricalDistribution):
         return trial.suggest_categorical(name, dist.choices)

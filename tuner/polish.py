@@ -45,7 +45,7 @@ from objectives.scenario import Scenario
 from objectives.scoring import is_feasible, pick_best
 from runners.quality import quality_pair
 from search_spaces.deployment import as_deployment, is_disaggregated
-from search_spaces.space import GRID_POINTS, ROLE_KNOBS, SearchSpace
+from search_spaces.space import GRID_POINTS, ROLE_KNOBS, SearchSpace, nearest_value
 from tuner.quality import EXCLUDED
 from tuner.study import (
     MIN_ARM_TRIALS,
@@ -106,13 +106,9 @@ def _steps(dist: BaseDistribution, value: Any) -> list[Any]:
         candidates = [value - step, value + step]
     out = []
     for candidate, direction in zip(candidates, (-1, 1), strict=True):
-        if dist.step:
-            candidate = dist.low + round((candidate - dist.low) / dist.step) * dist.step
-            if candidate == value:  # a small value's log step rounds back onto it
-                candidate = value + direction * dist.step
-        if isinstance(dist, IntDistribution):
-            candidate = int(candidate)
-        candidate = min(max(candidate, dist.low), dist.high)
+        candidate = nearest_value(dist, candidate)
+        if candidate == value and dist.step:  # a small value's log step rounds back onto it
+            candidate = nearest_value(dist, value + direction * dist.step)
         if candidate != value and candidate not in out:
             out.append(candidate)
     return out
@@ -364,11 +360,12 @@ class Polisher:
             if best is None:  # nothing met the SLA: no statement compares arms
                 break
             controlled = best.params | {k: v for k, v in arm.items() if k in best.params}
-            to = arm.get("deployment")
-            if to is not None and best.params.get("deployment") != to:
-                controlled = as_deployment(self.run.space, best.params, to)
+            deployed = best.params.get("deployment")
+            crossing = arm.get("deployment", deployed) != deployed
+            if crossing:
+                controlled = as_deployment(self.run.space, best.params, arm["deployment"])
             done = self.run_queued(unmeasured(self.run, [controlled]))
-            if is_disaggregated(controlled) and not is_disaggregated(best.params):
+            if crossing and is_disaggregated(controlled):
                 # A co-located config's split means nothing: the controlled trial's is
                 # climbed from the middle before the comparison stands on it.
                 done += self.climb(controlled, SPLIT_KNOBS, per_arm - done)
