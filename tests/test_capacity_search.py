@@ -83,8 +83,8 @@ class FakeRunner:
         return nullcontext(self.fake)
 
 
-def search(session: FakeSession, scenario: Scenario) -> dict:
-    evaluation = evaluate(FakeRunner(session), {}, scenario)
+def search(session: FakeSession, scenario: Scenario, hint: float | None = None) -> dict:
+    evaluation = evaluate(FakeRunner(session), {}, scenario, capacity_hint=hint)
     assert evaluation.fault is None, evaluation.fault
     return evaluation.metrics
 
@@ -122,6 +122,65 @@ def test_failed_requests_under_load_are_a_miss_the_search_bisects_on():
     assert 12.0 / 1.02 <= metrics["capacity_rate"] < 12.0
     failing = [s for s in metrics["capacity_steps"] if s["rate"] >= 12.0]
     assert failing and not any(s["meets_sla"] for s in failing)
+
+
+@pytest.mark.parametrize("capacity", [0.3, 2.2, 3.9, 4.0, 9.7, 10.4, 31.0, 127.0])
+@pytest.mark.parametrize("hint", [None, 0.2, 2.0, 4.1, 9.5, 10.0, 40.0, 200.0])
+def test_a_search_from_a_hint_ends_where_the_search_from_the_nominal_rate_does(capacity, hint):
+    """The search's answer is a bracket [highest rate that met, lowest that missed] within the
+    precision, on the points it bisects: 4 req/s times 2**(k/16) at 5%. Started from any hint,
+    near or far, above or below the nominal rate, it ends on the same bracket."""
+    plain = search(FakeSession(capacity), scenario_at(4.0, min_rate=0.25, max_rate=256))
+    hinted = search(FakeSession(capacity), scenario_at(4.0, min_rate=0.25, max_rate=256), hint)
+    assert hinted["capacity_bracket"] == pytest.approx(plain["capacity_bracket"], rel=1e-9)
+    met, missed = plain["capacity_bracket"]
+    assert met <= capacity < missed <= met * 1.05
+    k = 16 * math.log2(met / 4.0)  # on the grid: a whole number of 16ths of a doubling
+    assert k == pytest.approx(round(k), abs=1e-9)
+
+
+@pytest.mark.parametrize(("min_rate", "max_rate"), [(0.3, 24.0), (1.0, 6.0), (None, None)])
+@pytest.mark.parametrize("capacity", [0.31, 0.9, 5.0, 5.9, 23.0, 50.0, 70.0])
+@pytest.mark.parametrize("hint", [0.35, 3.0, 5.5, 8.7, 20.0, 60.0])
+def test_a_hinted_search_ends_as_the_plain_one_past_bounds_off_the_grid(
+    min_rate, max_rate, capacity, hint
+):
+    """Bounds that are no whole doubling of the nominal rate (6 and 24 req/s above 4; 0.3 and
+    1 below it) take the plain search off its grid at the ends: it measures the bound, then
+    bisects up to it. Hinted, near a bound or past it, the search ends on the same bracket."""
+    bounds = {"min_rate": min_rate, "max_rate": max_rate} if min_rate else {}
+    plain = search(FakeSession(capacity), scenario_at(4.0, **bounds))
+    hinted = search(FakeSession(capacity), scenario_at(4.0, **bounds), hint)
+    for ends in zip(hinted["capacity_bracket"], plain["capacity_bracket"], strict=True):
+        # an end is None where every step met to the ceiling or missed to the floor
+        assert ends[0] == ends[1] if None in ends else ends[0] == pytest.approx(ends[1])
+
+
+def test_a_right_hint_measures_the_two_rates_around_the_capacity_and_nothing_else():
+    """Found from the nominal rate, 10 req/s takes 4, 8, 16 and four bisections; from a hint
+    of the rate that met (9.51, as a neighbouring config's search would report it), only it
+    and the next point up: the steps near capacity are the ones that run longest."""
+    plain = FakeSession(10.0)
+    met = search(plain, scenario_at(4.0))["capacity_rate"]
+    hinted = FakeSession(10.0)
+    metrics = search(hinted, scenario_at(4.0), hint=met)
+    assert [rate for rate, _ in hinted.calls] == pytest.approx([4.0, met, met * 2 ** (1 / 16)])
+    assert metrics["capacity_rate"] == pytest.approx(met)
+    assert len(plain.calls) == 7
+
+
+def test_a_hint_past_the_rate_bounds_or_for_a_closed_loop_is_not_used():
+    """A hint outside [min_rate, max_rate] has no grid point to start from, and a closed loop's
+    whole numbers are not that grid: each searches from the nominal rate, as with no hint."""
+    for scenario, hint in [
+        (scenario_at(4.0, max_rate=32), 64.0),
+        (scenario_at(4.0, min_rate=1.0), 0.5),
+        (scenario_at(8, closed=True), 20.0),
+    ]:
+        plain, hinted = FakeSession(9.0), FakeSession(9.0)
+        search(plain, scenario)
+        search(hinted, scenario, hint)
+        assert hinted.calls == plain.calls
 
 
 @pytest.mark.parametrize("bound", ["min_rate", "max_rate"])

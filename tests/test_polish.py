@@ -6,8 +6,10 @@ neighbour that the pick rule prefers."""
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -18,37 +20,38 @@ from runners.sim.runner import SimRunner
 from search_spaces.deployment import ROLE_KNOBS, as_deployment, with_deployment
 from search_spaces.space import KnobRange, SearchSpace
 from tests.conftest import run_autotune, small_scenario
-from tuner.polish import NUMERIC_LOG_STEP, SPLIT_KNOBS, Polisher, _steps, neighbours
+from tuner.neighbourhood import NUMERIC_LOG_STEP, neighbours, steps
+from tuner.polish import SPLIT_KNOBS, Polish, Polisher
 from tuner.storage import open_storage
 from tuner.study import CONSTRAINTS_ATTR, StudyRun, best_trial, create_study, optimize
 
 
 def test_a_categorical_knob_steps_to_each_other_value():
     dist = CategoricalDistribution(["bf16", "w8a8", "w8a16"])
-    assert _steps(dist, "w8a8") == ["bf16", "w8a16"]
+    assert steps(dist, "w8a8") == ["bf16", "w8a16"]
 
 
 def test_a_log_knob_steps_by_its_factor_and_stays_in_range():
     dist = IntDistribution(1, 256, log=True)
-    assert _steps(dist, 100) == [80, 125]  # 100 / 1.25, 100 * 1.25
-    assert _steps(dist, 256) == [round(256 / NUMERIC_LOG_STEP)]  # nothing above the range
-    assert _steps(dist, 1) == [2]  # 1 * 1.25 rounds back onto 1: one step up instead
+    assert steps(dist, 100) == [80, 125]  # 100 / 1.25, 100 * 1.25
+    assert steps(dist, 256) == [round(256 / NUMERIC_LOG_STEP)]  # nothing above the range
+    assert steps(dist, 1) == [2]  # 1 * 1.25 rounds back onto 1: one step up instead
 
 
 def test_a_linear_knob_steps_by_the_grids_step():
     dist = IntDistribution(1024, 16384, step=512)
     # the grid's six points are (16384 - 1024) / 5 = 3072 apart, a multiple of the step already
-    assert _steps(dist, 8192) == [8192 - 3072, 8192 + 3072]
-    assert _steps(FloatDistribution(0.5, 1.0, step=0.5), 0.5) == [1.0]
+    assert steps(dist, 8192) == [8192 - 3072, 8192 + 3072]
+    assert steps(FloatDistribution(0.5, 1.0, step=0.5), 0.5) == [1.0]
 
 
 def test_a_count_of_chips_steps_by_one():
     """prefill_instances on 8 chips runs 1..7: a fifth of the range is 1.2 chips, and the
     neighbours of 4 prefill instances are 3 and 5, not 2 and 6 (the short-prompt case's best
     split, 3P5D, lay between the 4P4D pick's neighbours)."""
-    assert _steps(IntDistribution(1, 7), 4) == [3, 5]
+    assert steps(IntDistribution(1, 7), 4) == [3, 5]
     # a range narrower than the grid's five intervals still moves by one step
-    assert _steps(IntDistribution(1, 3), 2) == [1, 3]
+    assert steps(IntDistribution(1, 3), 2) == [1, 3]
 
 
 def test_neighbours_change_one_knob_each_and_leave_a_co_located_picks_role_knobs():
@@ -239,7 +242,7 @@ def test_a_planted_better_neighbour_replaces_the_pick(tmp_path: Path):
     assert result.trials > 0 and result.changes
     pick = best_trial(run.study, run.scenario)
     assert pick is not None and pick.params["quantization"] != "bf16"
-    assert "quantization bf16 ->" in result.changes[0]
+    assert any("quantization bf16 ->" in change for change in result.changes)
     # Where polish stopped with budget left, every neighbour of the pick was measured and none
     # is preferred to it.
     if result.trials < 60:
@@ -282,13 +285,13 @@ class _LandscapePolisher(Polisher):
     """A polisher whose trials are read off a planted landscape instead of run: the climb's
     decisions alone, as pure logic."""
 
-    # prefill_instances -> tok/s; None: misses the SLA
-    landscape: dict[int, float | None] = field(default_factory=dict)
+    # params -> tok/s; None: misses the SLA
+    landscape: Callable[[dict], float | None] = lambda params: None
 
-    def run_queued(self, todo):
+    def run_queued(self, todo, near=None):
         dists = self.run.space.distributions()
         for params in todo:
-            throughput = self.landscape[params["prefill_instances"]]
+            throughput = self.landscape(params)
             self.run.study.add_trial(
                 optuna.trial.create_trial(
                     params=params,
@@ -310,7 +313,9 @@ def test_a_split_climb_leaves_an_infeasible_start_and_stops_at_its_peak(tmp_path
     landscape = {1: 50.0, 2: 80.0, 3: 100.0, 4: None, 5: 120.0, 6: 130.0, 7: 125.0}
 
     def climbed(budget: int) -> tuple[int, list[int]]:
-        polisher = _LandscapePolisher(run, landscape=landscape)
+        polisher = _LandscapePolisher(
+            run, landscape=lambda params: landscape[params["prefill_instances"]]
+        )
         first = len(run.study.trials)
         polisher.run_queued([start])
         ran = polisher.climb(start, SPLIT_KNOBS, budget)
@@ -320,3 +325,129 @@ def test_a_split_climb_leaves_an_infeasible_start_and_stops_at_its_peak(tmp_path
     assert (ran, sorted(measured)) == (2, [3, 5])
     ran, measured = climbed(10)  # 3 and 5 measured already: 6, then 7
     assert (ran, measured) == (2, [6, 7])
+
+
+def test_a_climb_speeds_up_along_a_winning_knob_and_measures_the_arms_knobs_last(tmp_path: Path):
+    """Planted on one chip: throughput 100 * (1 - log2(mpbs / 32)**2 / 8), at least 5, times
+    1.5 at w8a8; every other knob flat (max_prefill_batch_size is mpbs). Worked by hand from
+    mpbs 4 at bf16: 3 and 5 measured, 5 wins; from 5, 6 and 8 (5 * (5/4)**2 = 7.8, the last move
+    squared): 8; from 8, 6, 10 and 20 (8 * (8/5)**2): 20; from 20, 16, 25 and 64: 25; from 25,
+    31 and 39: 31 (+1.6%); from 31 no mpbs step wins, so the precision and KV steps run, the
+    first time: w8a8 wins; from there nothing does. By 1.25x steps alone, 4 to 31 is nine
+    moves."""
+    run = _planted_study(tmp_path)
+    # two knobs off the study's simulated trial: no step of the climb runs its config
+    start = run.study.trials[0].params | {
+        "max_prefill_batch_size": 4,
+        "batch_size": 100,
+        "prefix_caching": True,
+    }
+
+    def planted(params: dict) -> float:
+        peak = max(0.05, 1 - math.log2(params["max_prefill_batch_size"] / 32) ** 2 / 8)
+        return 100 * peak * (1.5 if params["quantization"] == "w8a8" else 1.0)
+
+    polisher = _LandscapePolisher(run, landscape=planted)
+    first = len(run.study.trials)
+    polisher.run_queued([start])
+    result = Polish()
+    polisher._climb(run.study.trials[first], 200, (), None, result)
+    moves = [change.split("(")[1].rstrip(")") for change in result.changes]
+    assert moves == [
+        "max_prefill_batch_size 4 -> 5",
+        "max_prefill_batch_size 5 -> 8",
+        "max_prefill_batch_size 8 -> 20",
+        "max_prefill_batch_size 20 -> 25",
+        "max_prefill_batch_size 25 -> 31",
+        "quantization bf16 -> w8a8",
+    ]
+    trials = run.study.trials[first:]
+    peak_at_bf16 = next(
+        t.number
+        for t in trials
+        if t.params["max_prefill_batch_size"] == 31 and t.params["quantization"] == "bf16"
+    )
+    off_arm = [
+        t.number
+        for t in trials
+        if (t.params["quantization"], t.params["kv_compression"]) != ("bf16", 1.0)
+    ]
+    assert off_arm and min(off_arm) > peak_at_bf16
+
+
+def test_a_climb_stuck_on_a_tie_goes_on_from_a_tied_scheduling_policy_once(tmp_path: Path):
+    """Planted on one chip: prefill-first reads 100 tok/s at any batch; decode-first 100 at
+    batch 64, rising with the batch to 125 (100 * batch / 64); the prefix cache flipped reads
+    0.5% less; every other knob flat. From prefill-first at batch 64 no step wins, and
+    decode-first ties: the climb goes on from it, where batch 80 wins and then 125 (80 *
+    (80/64)**2), its peak. There the prefix cache's flip ties too, but from the sideways
+    step's peak nothing does: it climbs on from one tie per stand, not from a tie of a tie.
+    Where decode-first reads 98 at batch 64 (below the tie), the climb ends where it began."""
+    run = _planted_study(tmp_path)
+    start = run.study.trials[0].params | {
+        "select_batch": "prefill-first",
+        "max_prefill_batch_size": 4,  # two knobs off the study's simulated trial
+        "max_prefill_tokens": 4096,
+    }
+
+    def planted(params: dict, decode_first_at_64: float) -> float:
+        if params["select_batch"] == "decode-first":
+            value = decode_first_at_64 * min(params["batch_size"], 125) / 64
+        else:
+            value = 100.0
+        return value * (0.995 if params["prefix_caching"] != start["prefix_caching"] else 1)
+
+    polisher = _LandscapePolisher(run, landscape=lambda params: planted(params, 100.0))
+    first = len(run.study.trials)
+    polisher.run_queued([start])
+    result = Polish()
+    peak = polisher._climb(run.study.trials[first], 200, (), None, result)
+    moves = [change.split("(")[1].rstrip(")") for change in result.changes]
+    assert moves == [
+        "select_batch prefill-first -> decode-first, a tie",
+        "batch_size 64 -> 80",
+        "batch_size 80 -> 125",
+    ]
+    assert (peak.params["batch_size"], peak.params["select_batch"]) == (125, "decode-first")
+    assert peak.params["prefix_caching"] == start["prefix_caching"]
+
+    (tmp_path / "below").mkdir()
+    run = _planted_study(tmp_path / "below")
+    polisher = _LandscapePolisher(run, landscape=lambda params: planted(params, 98.0))
+    first = len(run.study.trials)
+    polisher.run_queued([start])
+    result = Polish()
+    peak = polisher._climb(run.study.trials[first], 200, (), None, result)
+    assert result.changes == [] and peak.number == first
+
+
+def test_a_step_past_a_tie_has_to_beat_where_the_climb_stood_not_only_the_tie(tmp_path: Path):
+    """Planted: prefill-first 100 tok/s at any batch; decode-first 99.2 at batch 64 (a tie,
+    0.8% below) and 100.2 from batch 80 on: 1.0% above the tie, 0.2% above the start. That
+    is no win: the climb ends where it began, and says nothing of the tie."""
+    run = _planted_study(tmp_path)
+    start = run.study.trials[0].params | {
+        "select_batch": "prefill-first",
+        "max_prefill_batch_size": 4,  # two knobs off the study's simulated trial
+        "max_prefill_tokens": 4096,
+    }
+
+    def planted(params: dict) -> float:
+        if params["prefix_caching"] != start["prefix_caching"]:
+            return 99.0  # a tie too, below decode-first's: the sideways step is decode-first
+        if params["select_batch"] == "prefill-first":
+            return 100.0
+        return 99.2 if params["batch_size"] <= 64 else 100.2
+
+    polisher = _LandscapePolisher(run, landscape=planted)
+    first = len(run.study.trials)
+    polisher.run_queued([start])
+    result = Polish()
+    peak = polisher._climb(run.study.trials[first], 200, (), None, result)
+    assert result.changes == [] and peak.number == first
+    tied_then_up = [
+        t
+        for t in run.study.trials[first:]
+        if t.params["select_batch"] == "decode-first" and t.params["batch_size"] == 80
+    ]
+    assert tied_then_up  # the climb did go on from the tie, and measured the step past it

@@ -71,7 +71,7 @@ TUNE_OPTIONS = {
         "polish_trials",
         type=flags.POLISH,
         default=None,
-        help="trials measuring the pick's one-knob neighbours before the export (default: 60 on "
+        help="trials measuring the pick's one-knob neighbours before the export (default: 100 on "
         "the simulator, 12 on real engines; 0: none)",
     ),
     "repeats": click.option(

@@ -15,8 +15,8 @@ from rich.table import Table
 from objectives.scenario import Scenario
 from objectives.scoring import is_feasible, meets_sla, quality_constraint_values, throughput_label
 from runners.quality import quality_pair
+from tuner.arms import trials_to_compare
 from tuner.console import out
-from tuner.polish import trials_to_compare
 from tuner.quality import EXCLUDED, QualityBook, describe_figures, trial_figures
 from tuner.study import trial_knobs
 

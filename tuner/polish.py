@@ -3,13 +3,14 @@
 A sampler leaves its best config wherever its last proposal landed; a neighbour one knob away
 may meet every SLO and do better under the pick rule (content-generation exported w8a16 where
 the same knobs at bf16 were better on throughput and quality alike). Before exporting, the
-pick's one-knob neighbourhood is measured: each categorical knob's other values, each numeric
-knob one step either way (a log-scaled knob by NUMERIC_LOG_STEP, a linear one by a fifth of its
-range, the grid's interval, rounded to its own step and one step at least: on up to 9 chips
-prefill_instances moves by 1). The neighbour the pick rule prefers among the pick and its
-neighbours (objectives.scoring.pick_best) becomes the pick if it is better by more than
-MIN_GAIN, and its neighbourhood is measured in turn, until none beats the pick or the budget of
-trials is spent. A disaggregated pick first climbs the knobs that balance its roles alone (its
+pick's one-knob neighbourhood (tuner.neighbourhood; on up to 9 chips prefill_instances moves by
+1) is measured. The neighbour the pick rule prefers among the pick and its neighbours
+(objectives.scoring.pick_best) becomes the pick if it is better by more than MIN_GAIN, and its
+neighbourhood is measured in turn, until none beats the pick or the budget of trials is spent.
+A round measures the knobs the arms did not search first, a run of wins on one knob speeds up,
+and a climb that stops where a scheduling policy or cache setting ties goes on from that tie
+once (Polisher._climb). A neighbour's capacity search starts from its neighbour's capacity
+(CAPACITY_HINT). A disaggregated pick first climbs the knobs that balance its roles alone (its
 split, decode taking the rest of the chips, and the prefill instances' batch), which decide
 that deployment most.
 
@@ -33,22 +34,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
-from objectives.scoring import is_feasible, pick_best
-from runners.quality import quality_pair
+from objectives.scoring import is_feasible
 from search_spaces.deployment import as_deployment, is_disaggregated
-from search_spaces.space import GRID_POINTS, ROLE_KNOBS, SearchSpace, nearest_value
-from tuner.quality import EXCLUDED
+from tuner.arms import arm_pick, arms, pick_among
+from tuner.neighbourhood import change, farther, neighbours
 from tuner.study import (
-    MIN_ARM_TRIALS,
+    CAPACITY_HINT,
     StudyRun,
     TrialReport,
     best_trial,
@@ -56,14 +51,15 @@ from tuner.study import (
     optimize,
     propose_within,
     ran_config,
-    trial_knobs,
     unmeasured,
 )
 
-NUMERIC_LOG_STEP = 1.25  # a log-scaled knob's neighbours: times and divided by this
 # Default budgets: a simulated trial costs about a second, so the simulator polishes until no
-# neighbour wins; a real engine's trial costs minutes, so one neighbourhood and a bit.
-SIM_POLISH_TRIALS = 60
+# neighbour wins (a climb's trial, its capacity searched from its neighbour's, a third of one);
+# a real engine's trial costs minutes, so one neighbourhood and a bit. At 60 a climb ran out:
+# customer-service with 4 system prompts, seed 1, held 52.06 req/s after 24 trials of the
+# pick's own, and 57.08 after 48, as seed 0's export.
+SIM_POLISH_TRIALS = 100
 REAL_POLISH_TRIALS = 12
 # Of that budget, each arm compared (refine_arms) gets at most this many: its controlled trial
 # and a short polish. An arm with fewer measured trials than MIN_ARM_TRIALS is "not compared".
@@ -91,74 +87,6 @@ class Polish:
         return f"polish: {self.trials} one-knob neighbour trials; {changed}"
 
 
-def _steps(dist: BaseDistribution, value: Any) -> list[Any]:
-    """A knob's values one step from `value` within its distribution: a linear knob's step is
-    the grid's (SearchSpace.grid: GRID_POINTS over the range) or its own, whichever is larger."""
-    if isinstance(dist, CategoricalDistribution):
-        return [choice for choice in dist.choices if choice != value]
-    assert isinstance(dist, (IntDistribution, FloatDistribution)), dist
-    if dist.log:
-        candidates = [value / NUMERIC_LOG_STEP, value * NUMERIC_LOG_STEP]
-    else:
-        step = max(dist.step or 0, (dist.high - dist.low) / (GRID_POINTS - 1))
-        if dist.step:  # on the knob's own grid, and at least one of its steps
-            step = max(1, round(step / dist.step)) * dist.step
-        candidates = [value - step, value + step]
-    out = []
-    for candidate, direction in zip(candidates, (-1, 1), strict=True):
-        candidate = nearest_value(dist, candidate)
-        if candidate == value and dist.step:  # a small value's log step rounds back onto it
-            candidate = nearest_value(dist, value + direction * dist.step)
-        if candidate != value and candidate not in out:
-            out.append(candidate)
-    return out
-
-
-def neighbours(
-    space: SearchSpace,
-    params: dict[str, Any],
-    frozen: tuple[str, ...] = (),
-    only: tuple[str, ...] | None = None,
-) -> list[dict[str, Any]]:
-    """The params one knob away from `params`, in the space's knob order, the `frozen` knobs
-    left alone (and with `only`, every knob but those). A co-located pick's role knobs are
-    left alone too: they do not change what it runs."""
-    co_located = params.get("deployment", "co-located") != "disaggregated"
-    out = []
-    for name, dist in space.distributions().items():
-        if name not in params or name in frozen or (co_located and name in ROLE_KNOBS):
-            continue
-        if only is not None and name not in only:
-            continue
-        out += [params | {name: value} for value in _steps(dist, params[name])]
-    return out
-
-
-def _difference(before: dict[str, Any], after: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{name} {before.get(name)} -> {after[name]}"
-        for name in after
-        if before.get(name) != after[name]
-    )
-
-
-def trials_to_compare(study: optuna.Study, arm_knobs: tuple[str, ...]) -> int:
-    """How many measured trials an arm needs to be compared: MIN_ARM_TRIALS, or one where the
-    study searches no knob besides the arm's (its one trial is the arm's whole space)."""
-    searched = {
-        name
-        for t in study.get_trials(deepcopy=False)
-        for name, dist in t.distributions.items()
-        if not dist.single()
-    }
-    return MIN_ARM_TRIALS if searched - set(arm_knobs) else 1
-
-
-def in_arm(study: optuna.Study, trial: FrozenTrial, arm: dict[str, Any]) -> bool:
-    knobs = trial_knobs(study, trial)
-    return all(knobs.get(name) == value for name, value in arm.items())
-
-
 def _beats(new: FrozenTrial, old: FrozenTrial, scenario: Scenario) -> bool:
     """Whether the pick rule's new choice is better than the old by more than MIN_GAIN on the
     objective the rule ranks first (a neighbour 0.01% ahead is the same config, not a win)."""
@@ -169,25 +97,6 @@ def _beats(new: FrozenTrial, old: FrozenTrial, scenario: Scenario) -> bool:
     return new.values[1] > old.values[1] * (1 + MIN_GAIN)
 
 
-def _pick_among(trials: list[FrozenTrial], scenario: Scenario) -> FrozenTrial | None:
-    """The pick rule within the SLA-feasible ones of `trials`."""
-    feasible = [t for t in trials if t.state == TrialState.COMPLETE and is_feasible(t.constraints)]
-    key = pick_best(
-        [(t.number, t.values[0], t.values[1]) for t in feasible],
-        scenario.pick,
-        scenario.tie_tolerance,
-    )
-    return next((t for t in feasible if t.number == key), None)
-
-
-def arm_pick(study: optuna.Study, scenario: Scenario, arm: dict[str, Any]) -> FrozenTrial | None:
-    """The pick rule within the SLA-feasible trials that run the arm (every trial for {})."""
-    if not arm:
-        return best_trial(study, scenario)
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return _pick_among([t for t in trials if in_arm(study, t, arm)], scenario)
-
-
 def measured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[FrozenTrial]:
     """The complete trials that ran the candidate params' configs (unmeasured's converse)."""
     wanted = [run.space.config_of(params) for params in candidates]
@@ -196,25 +105,6 @@ def measured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[FrozenTria
         for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if ran_config(run, t) in wanted
     ]
-
-
-def arms(run: StudyRun) -> list[dict[str, Any]]:
-    """The arms the run's statements compare, as the space searches them: each precision and KV
-    pair the quality SLO admits (the ladder), and with a chip budget each deployment."""
-
-    def values(name: str) -> list[Any]:
-        spec = run.space.ranges.get(name)
-        return (spec.listed() or []) if spec is not None else []
-
-    excluded = {quality_pair(pair) for pair in run.study.user_attrs.get(EXCLUDED, [])}
-    pairs = [
-        {"quantization": q, "kv_compression": kv}
-        for q in values("quantization")
-        for kv in values("kv_compression")
-        if (q, float(kv)) not in excluded
-    ]
-    deployments = [{"deployment": d} for d in values("deployment")]
-    return (pairs if len(pairs) > 1 else []) + (deployments if len(deployments) > 1 else [])
 
 
 @dataclass
@@ -242,12 +132,14 @@ class Polisher:
         optimize(replace(self.run, screen=None), n, self._left_s(), self.on_trial)
         return len(self.run.reports) - before
 
-    def run_queued(self, todo: list[dict[str, Any]]) -> int:
-        """Measure the params; how many ran (none unless _may_run)."""
+    def run_queued(self, todo: list[dict[str, Any]], near: FrozenTrial | None = None) -> int:
+        """Measure the params; how many ran (none unless _may_run). Their capacity searches
+        start from `near`'s capacity (a trial of a close config): the same answer, sooner."""
         if not todo or not self._may_run():
             return 0
+        hint = None if near is None else near.user_attrs.get("capacity_rate")
         for params in todo:
-            self.run.study.enqueue_trial(params)
+            self.run.study.enqueue_trial(params, user_attrs={CAPACITY_HINT: hint} if hint else None)
         return self._optimize(len(todo))
 
     def polish(self, budget: int, arm: dict[str, Any] | None = None) -> Polish:
@@ -291,26 +183,94 @@ class Polisher:
         """From trial `here`, to the best of its one-knob neighbours (neighbours' `frozen` and
         `only`) while that beats where the climb stands (the module's rule; any SLA-feasible
         step beats an infeasible start), until `result` counts `budget` trials. The trials and
-        changes go to `result`; where the climb stopped is returned."""
-        scenario = self.run.scenario
+        changes go to `result`; the highest trial the climb reached is returned (a sideways
+        step that led nowhere is not it, nor in the changes).
+
+        Each round measures the steps of the knobs the arms did not search first, with the
+        last move's knob stepped twice as far again (farther), and the arms' knobs (precision,
+        KV, deployment: each arm's own pick was searched already) only when none of those wins:
+        a move then costs a part of the neighbourhood, and the last stand all of it. Where no
+        step wins, the climb may go on from a tie once per stand (_sideways)."""
+        searched = {name for arm in arms(self.run) for name in arm}
+        space, last, peak = self.run.space, None, here
+        path: list[str] = []  # a sideways step taken from the peak, kept if a win follows
+        visited = [ran_config(self.run, here)]
         while result.trials < budget:
-            steps = neighbours(self.run.space, here.params, frozen, only)
-            todo = unmeasured(self.run, steps)
-            ran = self.run_queued(todo[: budget - result.trials])
-            result.trials += ran
-            if todo and ran == 0:
-                result.idle = "no time left, or another run is adding trials to the study"
-            # A step that runs as `here` does (a prefill batch clamped to the batch) is no move.
-            stays = ran_config(self.run, here)
-            moves = [t for t in measured(self.run, steps) if ran_config(self.run, t) != stays]
-            best = _pick_among([here, *moves], scenario)
-            if best is None or (is_feasible(here.constraints) and not _beats(best, here, scenario)):
-                break
-            result.changes.append(
-                f"trial {here.number} -> {best.number} ({_difference(here.params, best.params)})"
+            near = neighbours(space, here.params, (*frozen, *searched), only)
+            if last is not None:
+                near += farther(space, *last)
+            best, moves = self._best_step(here, near, budget, result)
+            if not self._wins(best, here):
+                every = near + neighbours(space, here.params, frozen, only)
+                best, moves = self._best_step(here, every, budget, result)
+            # From a sideways step, a win has to beat the peak too, not only the tie below it.
+            if best is not None and self._wins(best, here) and self._wins(best, peak):
+                result.changes += [*path, change(here, best)]
+                path, step, peak = [], best, best
+            else:
+                sideways = self._sideways(here, moves, visited, searched)
+                if sideways is None or here.number != peak.number:
+                    break
+                path.append(change(here, sideways, ", a tie"))
+                step = sideways
+            visited.append(ran_config(self.run, step))
+            last, here = (here.params, step.params), step
+        return peak
+
+    def _sideways(
+        self,
+        here: FrozenTrial,
+        moves: list[FrozenTrial],
+        visited: list[dict[str, Any]],
+        searched: set[str],
+    ) -> FrozenTrial | None:
+        """Where a climb that no step wins goes on from, once: the pick rule's choice among
+        the measured steps that tie with `here` (within MIN_GAIN) by changing a categorical
+        knob the arms did not search (the scheduling policy, the prefix cache), which opens a
+        landscape of its own. On capacity's grid of rates ties are common: code-completion's
+        pick, batch 51 prefill-first, read 14.05 req/s as decode-first did, from which the
+        batch climbed to 101 and the prefill batch to 5: 17.45 req/s."""
+        dists = self.run.space.distributions()
+
+        def categorical_step(trial: FrozenTrial) -> bool:
+            changed = [k for k in trial.params if here.params.get(k) != trial.params[k]]
+            return all(
+                isinstance(dists.get(k), CategoricalDistribution) and k not in searched
+                for k in changed
             )
-            here = best
-        return here
+
+        ties = [
+            t
+            for t in moves
+            if is_feasible(t.constraints)
+            and not _beats(here, t, self.run.scenario)
+            and categorical_step(t)
+            and ran_config(self.run, t) not in visited
+        ]
+        return pick_among(ties, self.run.scenario)
+
+    def _best_step(
+        self, here: FrozenTrial, steps: list[dict[str, Any]], budget: int, result: Polish
+    ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
+        """The steps not measured yet run (within `budget`, counted in `result`); the pick
+        rule's choice among `here` and the steps that run a config other than its own, and
+        those steps' trials."""
+        todo = unmeasured(self.run, steps)
+        ran = self.run_queued(todo[: budget - result.trials], here)
+        result.trials += ran
+        if todo and ran == 0:
+            result.idle = "no time left, or another run is adding trials to the study"
+        # A step that runs as `here` does (a prefill batch clamped to the batch) is no move.
+        stays = ran_config(self.run, here)
+        moves = [t for t in measured(self.run, steps) if ran_config(self.run, t) != stays]
+        return pick_among([here, *moves], self.run.scenario), moves
+
+    def _wins(self, best: FrozenTrial | None, here: FrozenTrial) -> bool:
+        """Whether the climb moves from `here` to `best`: any SLA-feasible step beats an
+        infeasible start; otherwise by the module's rule."""
+        if best is None:
+            return False
+        return not is_feasible(here.constraints) or _beats(best, here, self.run.scenario)
 
     def polish_trailing_deployment(self, compared: list[dict[str, Any]], budget: int) -> str:
         """The deployment arm of `compared` whose pick trails the study's pick, polished with
@@ -345,7 +305,8 @@ class Polisher:
         How many ran (none when time is up or another run adds trials, as run_queued)."""
         if n <= 0 or not self._may_run():
             return 0
-        return self.run_queued(unmeasured(self.run, propose_within(self.run, arm, n)))
+        proposals = unmeasured(self.run, propose_within(self.run, arm, n))
+        return self.run_queued(proposals, arm_pick(self.run.study, self.run.scenario, arm))
 
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report
@@ -364,7 +325,8 @@ class Polisher:
             crossing = arm.get("deployment", deployed) != deployed
             if crossing:
                 controlled = as_deployment(self.run.space, best.params, arm["deployment"])
-            done = self.run_queued(unmeasured(self.run, [controlled]))
+            near = arm_pick(self.run.study, self.run.scenario, arm) or best
+            done = self.run_queued(unmeasured(self.run, [controlled]), near)
             if crossing and is_disaggregated(controlled):
                 # A co-located config's split means nothing: the controlled trial's is
                 # climbed from the middle before the comparison stands on it.

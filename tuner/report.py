@@ -21,13 +21,13 @@ from objectives.userfile import InputError
 from search_spaces.deployment import deployment_label
 from search_spaces.knobs import DEPLOYMENTS
 from tuner import nightly as night
+from tuner.arms import arm_pick, in_arm, trials_to_compare
 from tuner.cost import CHIP_COST_ATTR, cost_figures, describe_cost
 from tuner.export import trial_export
 from tuner.hold import HOLD_ATTR, describe_hold
 from tuner.ladder import ladder_rows
 from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
-from tuner.polish import arm_pick, in_arm, trials_to_compare
 from tuner.quality import describe_figures
 from tuner.repeats import describe_repeats
 from tuner.report_plots import (

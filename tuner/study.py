@@ -39,6 +39,9 @@ CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization's key
 RANGE_EDGES = "range_edges"
 # objectives.scoring.DIRECTIONS as Optuna takes them: TTFT p99 minimised, throughput maximised.
 STUDY_DIRECTIONS = tuple(StudyDirection[direction.upper()] for direction in DIRECTIONS)
+# A queued trial's user attribute: the capacity of a close config (the polish's pick, an arm's
+# best), where its capacity search starts (runners.load.capacity.evaluate).
+CAPACITY_HINT = "capacity_hint"
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
@@ -162,7 +165,13 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     if args is not None:  # the export deploys exactly these (tuner/export.py)
         trial.set_user_attr("engine_args", args)
     book.before_session(config)
-    evaluation = evaluate(run.runner, config, scenario, on_session=book.session_hook(config))
+    evaluation = evaluate(
+        run.runner,
+        config,
+        scenario,
+        on_session=book.session_hook(config),
+        capacity_hint=trial.user_attrs.get(CAPACITY_HINT),
+    )
     for key, value in evaluation.extra.items():
         trial.set_user_attr(f"runner_{key}", value)
     if evaluation.fault is not None:
@@ -221,7 +230,7 @@ BALANCE_PROPOSALS = 4
 # started from (tuner.one_chip), counted as co-located trials by balance_deployments.
 ONE_CHIP_TRIALS = "one_chip_trials"
 # The measured trials an arm (a deployment, a precision and KV pair) needs before the console
-# and the report compare it (tuner.polish.trials_to_compare): fewer is "not compared".
+# and the report compare it (tuner.arms.trials_to_compare): fewer is "not compared".
 MIN_ARM_TRIALS = 3
 
 

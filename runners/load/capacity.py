@@ -127,6 +127,16 @@ class Evaluation:
     partial: dict[str, Any] = field(default_factory=dict)  # metrics of a load stopped early
 
 
+def grid_unit(precision: float) -> float:
+    """The search's finest step, in log2 of the rate: from the nominal rate it brackets a
+    doubling and halves it until the bracket is within `precision`, so every rate it measures
+    at that depth is the nominal rate times 2 to a whole multiple of this."""
+    unit = 1.0
+    while 2**unit > 1 + precision:
+        unit /= 2
+    return unit
+
+
 def _moved(sla: SLA, factor: float) -> SLA:
     """The SLA with its percentile bounds times `factor`: what early rejection stops on."""
     tpot = sla.tpot_p99_ms
@@ -283,20 +293,81 @@ class _Search:
             if self._measure(middle) is None:
                 return
 
-    def run(self, nominal: Step) -> None:
+    def run(self, nominal: Step, hint: float | None = None) -> None:
         """From the nominal step: double until a step misses (or the ceiling), else halve until
-        one meets (or the floor); then bisect geometrically (closed loops: whole numbers)."""
+        one meets (or the floor); then bisect geometrically (closed loops: whole numbers).
+        With a `hint`, from the hint instead where it can (_run_from)."""
         floor, ceiling = self.scenario.rate_bounds
         self.steps.append(nominal)
         self.time_limited |= nominal.cut_short
         if nominal.meets_sla:
             self.highest_met = nominal.rate
-            bracketing = self._ramp_up(nominal.rate, ceiling)
         else:
             self.lowest_missed = nominal.rate
+        if hint is not None and self._run_from(nominal.rate, hint):
+            return
+        if nominal.meets_sla:
+            bracketing = self._ramp_up(nominal.rate, ceiling)
+        else:
             bracketing = self._ramp_down(nominal.rate, floor)
         if bracketing:
             self._bisect()
+
+    def _run_from(self, nominal: float, hint: float) -> bool:
+        """Search from `hint` (a capacity measured on a config close to this one) on the grid
+        that the search from the nominal rate bisects down to, nominal * 2**(i * unit): probe
+        the grid point nearest the hint, step away from it by 1, 2, 4... points until the
+        bracket has both ends (the nominal rate's verdict is one), then bisect by whole points.
+        Past the whole doublings of the nominal rate that [floor, ceiling] holds, it does what
+        the search from the nominal rate does there (_edge). So where the engine's verdict
+        rises no higher as the rate does, it ends on the same two rates; with a right hint,
+        after two steps instead of seven or eight, the steps near capacity being the ones that
+        run to EXTENSION_CAP. A hint above a worse neighbour's capacity is bisected down from,
+        through rates far below it that settle at once; stepping down from it, through rates
+        near it that run long, cost 14% more simulated requests (customer-service's arms and
+        polish, seed 0: 1,248k against 1,091k). False, with nothing measured, for a closed
+        loop (whole numbers are not this grid) and a hint outside [floor, ceiling]."""
+        floor, ceiling = self.scenario.rate_bounds
+        if self.closed or not floor < hint < ceiling:
+            return False
+        unit = grid_unit(self.scenario.load.precision)
+        per_doubling = round(1 / unit)
+        top = per_doubling * math.floor(math.log2(ceiling / nominal) + 1e-9)
+        bottom = -per_doubling * math.floor(math.log2(nominal / floor) + 1e-9)
+
+        def rate(index: int) -> float:
+            return nominal * 2 ** (index * unit)
+
+        met: int | None = 0 if self.highest_met is not None else None
+        missed: int | None = 0 if self.lowest_missed is not None else None
+        probe, stride = round(math.log2(hint / nominal) / unit), 1
+        while met is None or missed is None or missed - met > 1:
+            if missed is None and met == top:
+                return self._edge(ceiling, rate(top))
+            if met is None and missed == bottom:
+                return self._edge(floor, rate(bottom))
+            if met is not None and missed is not None:
+                probe = (met + missed) // 2
+            else:  # within the doublings the bounds hold, on the bracket's open side
+                low = bottom if met is None else met + 1
+                high = top if missed is None else missed - 1
+                probe = min(max(probe, low), high)
+            step = self._measure(rate(probe))
+            if step is None:
+                return True
+            if step.meets_sla:
+                met, probe = probe, probe + stride
+            else:
+                missed, probe = probe, probe - stride
+            stride *= 2
+        return True
+
+    def _edge(self, bound: float, last: float) -> bool:
+        """Past the last whole doubling (or halving) within the bounds, as the plain search
+        goes on: the bound itself, and a bracket with it bisected geometrically."""
+        if not math.isclose(bound, last) and self._measure(bound) is not None:
+            self._bisect()
+        return True
 
 
 def evaluate(
@@ -305,9 +376,11 @@ def evaluate(
     scenario: Scenario,
     seed_offset: int = 0,
     on_session: Callable[[Session], None] | None = None,
+    capacity_hint: float | None = None,
 ) -> Evaluation:
     """Measure a config as the scenario's load mode says; seed_offset shifts every step's
-    requests. `on_session` is called once the engine serves the config, before any load."""
+    requests. `on_session` is called once the engine serves the config, before any load. A
+    `capacity_hint` (a close config's capacity) starts an open loop's search there."""
     if seed_offset:
         scenario = scenario.model_copy(
             update={"workload": scenario.at_rate(scenario.nominal_rate, seed_offset)}
@@ -326,7 +399,7 @@ def evaluate(
         )
         if measured and scenario.load.mode == "capacity":
             search = _Search(session, scenario, deadline)
-            search.run(nominal)
+            search.run(nominal, capacity_hint)
     # After the session: the engine has stopped, and its stop time is among the facts.
     extra = session.extra | nominal.measurement.extra
     if nominal.measurement.fault is not None:
