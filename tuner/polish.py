@@ -200,11 +200,10 @@ class Polisher:
             if last is not None:
                 near += farther(space, *last)
             best, moves = self._best_step(here, near, budget, result)
-            if not self._wins(best, here):
+            if not self._wins(best, here, peak):
                 every = near + neighbours(space, here.params, frozen, only)
                 best, moves = self._best_step(here, every, budget, result)
-            # From a sideways step, a win has to beat the peak too, not only the tie below it.
-            if best is not None and self._wins(best, here) and self._wins(best, peak):
+            if best is not None and self._wins(best, here, peak):
                 result.changes += [*path, change(here, best)]
                 path, step, peak = [], best, best
             else:
@@ -265,12 +264,17 @@ class Polisher:
         moves = [t for t in measured(self.run, steps) if ran_config(self.run, t) != stays]
         return pick_among([here, *moves], self.run.scenario), moves
 
-    def _wins(self, best: FrozenTrial | None, here: FrozenTrial) -> bool:
+    def _wins(self, best: FrozenTrial | None, here: FrozenTrial, peak: FrozenTrial) -> bool:
         """Whether the climb moves from `here` to `best`: any SLA-feasible step beats an
-        infeasible start; otherwise by the module's rule."""
+        infeasible start; otherwise by the module's rule, against `here` and the climb's
+        `peak` alike (from a sideways step, a win has to beat the peak too, not only the tie
+        below it)."""
         if best is None:
             return False
-        return not is_feasible(here.constraints) or _beats(best, here, self.run.scenario)
+        return all(
+            not is_feasible(start.constraints) or _beats(best, start, self.run.scenario)
+            for start in (here, peak)
+        )
 
     def polish_trailing_deployment(self, compared: list[dict[str, Any]], budget: int) -> str:
         """The deployment arm of `compared` whose pick trails the study's pick, polished with
