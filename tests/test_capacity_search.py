@@ -270,3 +270,37 @@ def test_requests_late_then_failed_do_not_reject_a_load_that_passes():
     )
     # Without a success-rate SLO every request must succeed: one failure settles it.
     assert load_certainly_fails(100, late_ok=0, late_in_flight=0, failed=1, min_success_rate=1.0)
+
+
+PRUNE_HINT, PRUNE_BELOW = 10.0, 8.5
+# The grid point at or below 8.5 on 4 req/s * 2**(k/16): k = floor(16 * log2(8.5 / 4)) = 17.
+PRUNE_POINT = 4.0 * 2 ** (17 / 16)  # 8.36
+
+
+@pytest.mark.parametrize("capacity", [0.3, 2.2, 3.9, 6.5, 8.3, 8.4, 9.7, 10.4, 31.0])
+def test_a_search_is_pruned_exactly_where_the_capacity_lies_below_the_prune_rate(capacity):
+    """Pruning may end a search only where the config cannot reach the rate it had to: with a
+    hint of 10 req/s and prune_below 8.5, a capacity under the grid point 8.36 is pruned after
+    the nominal step, the hint's grid point and 8.36 (below the nominal rate: after the
+    nominal step alone), and says where it missed; any other ends on the plain search's
+    bracket."""
+    scenario = scenario_at(4.0, min_rate=0.25, max_rate=256)
+    plain = search(FakeSession(capacity), scenario)
+    session = FakeSession(capacity)
+    evaluation = evaluate(
+        FakeRunner(session), {}, scenario, capacity_hint=PRUNE_HINT, prune_below=PRUNE_BELOW
+    )
+    assert evaluation.fault is None
+    rates = [rate for rate, _ in session.calls]
+    if capacity < PRUNE_POINT:
+        assert evaluation.pruned is not None and "capacity lies below" in evaluation.pruned
+        assert "capacity_rate" not in evaluation.metrics
+        if capacity < 4.0:
+            assert rates == [4.0]
+            assert evaluation.metrics["capacity_below"] == 4.0
+        else:
+            assert rates == pytest.approx([4.0, 4.0 * 2 ** (21 / 16), PRUNE_POINT])
+            assert evaluation.metrics["capacity_below"] == pytest.approx(PRUNE_POINT)
+    else:
+        assert evaluation.pruned is None
+        assert evaluation.metrics["capacity_bracket"] == pytest.approx(plain["capacity_bracket"])

@@ -9,13 +9,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
 
 from objectives.scoring import is_feasible
+from runners.load.capacity import evaluate
 from runners.sim.runner import SimRunner
 from search_spaces.deployment import ROLE_KNOBS, as_deployment, with_deployment
 from search_spaces.space import KnobRange, SearchSpace
@@ -23,7 +27,15 @@ from tests.conftest import run_autotune, small_scenario
 from tuner.neighbourhood import NUMERIC_LOG_STEP, neighbours, steps
 from tuner.polish import SPLIT_KNOBS, Polish, Polisher
 from tuner.storage import open_storage
-from tuner.study import CONSTRAINTS_ATTR, StudyRun, best_trial, create_study, optimize
+from tuner.study import (
+    CAPACITY_HINT,
+    CONSTRAINTS_ATTR,
+    PRUNE_BELOW,
+    StudyRun,
+    best_trial,
+    create_study,
+    optimize,
+)
 
 
 def test_a_categorical_knob_steps_to_each_other_value():
@@ -174,7 +186,9 @@ def test_a_deployment_arm_is_compared_on_the_best_configs_prefill_batch_and_spli
         side: max(
             t.values[1]
             for t in study.trials
-            if t.params["deployment"] == side and is_feasible(t.constraints)
+            if t.params["deployment"] == side
+            and t.state == TrialState.COMPLETE  # a pruned step has no values
+            and is_feasible(t.constraints)
         )
         for side in ("co-located", "disaggregated")
     }
@@ -251,6 +265,54 @@ def test_a_planted_better_neighbour_replaces_the_pick(tmp_path: Path):
             assert run.space.config_of(neighbour) in ran
 
 
+def test_a_pruned_step_is_slower_than_where_the_climb_stood(tmp_path: Path):
+    """The polish prunes a step once it misses at a rate it had to sustain to beat the pick:
+    each pruned trial says so, and its capacity, searched whole afterwards on the same
+    simulator, lies below the rate it was pruned at, and so below the trial it stepped from."""
+    run = _planted_study(tmp_path)
+    Polisher(run).polish(60)
+    pruned = run.study.get_trials(states=(TrialState.PRUNED,))
+    assert pruned  # bf16's neighbours include far slower ones (prefill-first, a small batch)
+    for trial in pruned:
+        assert trial.user_attrs["status"] == "pruned"
+        assert "capacity lies below" in trial.user_attrs["pruned"]
+        below = trial.user_attrs["capacity_below"]
+        assert below <= trial.user_attrs[PRUNE_BELOW] < trial.user_attrs[CAPACITY_HINT]
+        whole = evaluate(run.runner, trial.user_attrs["knobs"], run.scenario)
+        assert whole.metrics["capacity_rate"] < below
+
+
+def test_only_a_simulated_max_throughput_climb_from_a_feasible_trial_prunes(tmp_path: Path):
+    """Where a step is searched to the end: on a real engine (its capacity varies between
+    draws, and close rivals are measured again), under min-ttft (a slower step may answer
+    sooner), from a trial that misses the SLA (any feasible step beats it), and into an arm
+    with no pick yet (its first feasible trial is the ladder's row). Otherwise the step must
+    beat the least of where the climb stands and its arm's pick."""
+    run = _planted_study(tmp_path)
+    study = run.study
+    here = study.trials[0]
+    rate = here.user_attrs["capacity_rate"]
+    same_arm = here.params | {"batch_size": 80}
+    assert Polisher(run)._prune_below(here, same_arm) == pytest.approx((rate, rate * 0.85))
+    other_arm = here.params | {"quantization": "w8a8"}
+    assert Polisher(run)._prune_below(here, other_arm) is None  # no w8a8 trial yet
+    study.enqueue_trial(other_arm)
+    optimize(run, 1, None)
+    rival = study.trials[-1].user_attrs["capacity_rate"]
+    assert rival != rate
+    assert Polisher(run)._prune_below(here, other_arm | {"batch_size": 80}) == pytest.approx(
+        (min(rate, rival), min(rate, rival) * 0.85)
+    )
+    for changed in (
+        replace(run, runner=SimpleNamespace(name="vllm")),
+        replace(run, scenario=run.scenario.model_copy(update={"pick": "min-ttft"})),
+    ):
+        assert Polisher(changed)._prune_below(here, same_arm) is None
+    missed = study.trials[0]
+    missed.system_attrs[CONSTRAINTS_ATTR] = [1.0]
+    assert Polisher(run)._prune_below(missed, same_arm) is None
+
+
 def test_polish_measures_nothing_twice(tmp_path: Path):
     run = _planted_study(tmp_path)
     Polisher(run).polish(30)
@@ -288,7 +350,7 @@ class _LandscapePolisher(Polisher):
     # params -> tok/s; None: misses the SLA
     landscape: Callable[[dict], float | None] = lambda params: None
 
-    def run_queued(self, todo, near=None):
+    def run_queued(self, todo, near=None, prune=False):
         dists = self.run.space.distributions()
         for params in todo:
             throughput = self.landscape(params)

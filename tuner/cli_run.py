@@ -164,7 +164,7 @@ def finish(
     assert snap is not None, "snapshot() has just saved one"
     counts = {
         status: sum(1 for r in reports if r.status == status)
-        for status in ("feasible", "violates-sla", "infeasible", "fail")
+        for status in ("feasible", "violates-sla", "infeasible", "fail", "pruned")
     }
     out.print(
         front_table(
@@ -179,7 +179,13 @@ def finish(
     out.print(
         f"{len(reports)} trials this run: {counts['feasible']} met the SLA{slo}, "
         f"{counts['violates-sla']} missed it, {counts['infeasible']} could not run, "
-        f"{counts['fail']} failed; {len(study.trials)} in the study"
+        f"{counts['fail']} failed"
+        + (
+            f", {counts['pruned']} pruned (slower than the config they stepped from)"
+            if counts["pruned"]
+            else ""
+        )
+        + f"; {len(study.trials)} in the study"
     )
     print_quality(study, p.quality)
     best = best_trial(study, scenario)

@@ -276,11 +276,16 @@ def build_html(study: optuna.Study, engine) -> str:
     )
     counts = {
         state.name: sum(t.state == state for t in trials)
-        for state in (TrialState.COMPLETE, TrialState.FAIL)
+        for state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
     }
     summary = _table(
-        [[study.study_name, len(trials), counts["COMPLETE"], counts["FAIL"], len(front), span]],
-        ["study", "trials", "measured", "failed or could not run", "front", "ran"],
+        [
+            [
+                *(study.study_name, len(trials), counts["COMPLETE"], counts["PRUNED"]),
+                *(counts["FAIL"], len(front), span),
+            ]
+        ],
+        ["study", "trials", "measured", "pruned", "failed or could not run", "front", "ran"],
     )
     scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)
     ladder_head, ladder = ladder_rows(study)

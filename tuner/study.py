@@ -42,6 +42,9 @@ STUDY_DIRECTIONS = tuple(StudyDirection[direction.upper()] for direction in DIRE
 # A queued trial's user attribute: the capacity of a close config (the polish's pick, an arm's
 # best), where its capacity search starts (runners.load.capacity.evaluate).
 CAPACITY_HINT = "capacity_hint"
+# With it, the rate below which the queued trial could change nothing the run states: a miss
+# there ends its search and the trial is PRUNED (tuner.polish.Polisher.run_queued).
+PRUNE_BELOW = "capacity_prune_below"
 
 
 def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
@@ -61,7 +64,8 @@ def default_study_name(scenario: Scenario, identity: dict[str, str]) -> str:
 class TrialReport:
     number: int
     config: dict[str, Any]
-    # "feasible", "violates-sla" (the latency SLA or the quality SLO), "infeasible", "fail"
+    # "feasible", "violates-sla" (the latency SLA or the quality SLO), "infeasible", "fail",
+    # "pruned" (its capacity lies below a rate it had to sustain to matter: PRUNE_BELOW)
     status: str
     values: tuple[float, float] | None = None
     reason: str = ""
@@ -171,6 +175,7 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
         scenario,
         on_session=book.session_hook(config),
         capacity_hint=trial.user_attrs.get(CAPACITY_HINT),
+        prune_below=trial.user_attrs.get(PRUNE_BELOW),
     )
     for key, value in evaluation.extra.items():
         trial.set_user_attr(f"runner_{key}", value)
@@ -181,6 +186,11 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
     metrics = evaluation.metrics
     for key, value in metrics.items():
         trial.set_user_attr(key, value)
+    if evaluation.pruned is not None:
+        trial.set_user_attr("status", "pruned")
+        trial.set_user_attr("pruned", evaluation.pruned)
+        _tell(run.study, trial, state=TrialState.PRUNED)
+        return TrialReport(trial.number, config, "pruned", reason=evaluation.pruned)
     values = objective_values(metrics, scenario)
     if values is None:
         first = evaluation.extra.get("first_error")

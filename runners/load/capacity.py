@@ -125,6 +125,7 @@ class Evaluation:
     extra: dict[str, Any] = field(default_factory=dict)  # runner facts (engine log, start time)
     fault: Fault | None = None
     partial: dict[str, Any] = field(default_factory=dict)  # metrics of a load stopped early
+    pruned: str | None = None  # why the capacity search stopped below `prune_below` (evaluate)
 
 
 def grid_unit(precision: float) -> float:
@@ -220,6 +221,7 @@ class _Search:
         self.engine_fault: Step | None = None
         self.highest_met: float | None = None
         self.lowest_missed: float | None = None
+        self.pruned_at: float | None = None  # the rate below prune_below that missed (run)
 
     def _as_rate(self, rate: float) -> float:
         """A closed loop's rate is a whole number of requests in flight."""
@@ -293,10 +295,13 @@ class _Search:
             if self._measure(middle) is None:
                 return
 
-    def run(self, nominal: Step, hint: float | None = None) -> None:
+    def run(
+        self, nominal: Step, hint: float | None = None, prune_below: float | None = None
+    ) -> None:
         """From the nominal step: double until a step misses (or the ceiling), else halve until
         one meets (or the floor); then bisect geometrically (closed loops: whole numbers).
-        With a `hint`, from the hint instead where it can (_run_from)."""
+        With a `hint`, from the hint instead where it can (_run_from), and with `prune_below`
+        too, ended by a miss at or below that rate (pruned_at)."""
         floor, ceiling = self.scenario.rate_bounds
         self.steps.append(nominal)
         self.time_limited |= nominal.cut_short
@@ -304,7 +309,7 @@ class _Search:
             self.highest_met = nominal.rate
         else:
             self.lowest_missed = nominal.rate
-        if hint is not None and self._run_from(nominal.rate, hint):
+        if hint is not None and self._run_from(nominal.rate, hint, prune_below):
             return
         if nominal.meets_sla:
             bracketing = self._ramp_up(nominal.rate, ceiling)
@@ -313,7 +318,7 @@ class _Search:
         if bracketing:
             self._bisect()
 
-    def _run_from(self, nominal: float, hint: float) -> bool:
+    def _run_from(self, nominal: float, hint: float, prune_below: float | None = None) -> bool:
         """Search from `hint` (a capacity measured on a config close to this one) on the grid
         that the search from the nominal rate bisects down to, nominal * 2**(i * unit): probe
         the grid point nearest the hint, step away from it by 1, 2, 4... points until the
@@ -326,7 +331,11 @@ class _Search:
         through rates far below it that settle at once; stepping down from it, through rates
         near it that run long, cost 14% more simulated requests (customer-service's arms and
         polish, seed 0: 1,248k against 1,091k). False, with nothing measured, for a closed
-        loop (whole numbers are not this grid) and a hint outside [floor, ceiling]."""
+        loop (whole numbers are not this grid) and a hint outside [floor, ceiling].
+
+        With `prune_below`, the first miss is followed by the grid point at or below that
+        rate, and a miss there (or at the nominal rate, where that lies below it) ends the
+        search (pruned_at): the capacity lies below it, and how far below is not searched."""
         floor, ceiling = self.scenario.rate_bounds
         if self.closed or not floor < hint < ceiling:
             return False
@@ -341,12 +350,24 @@ class _Search:
         met: int | None = 0 if self.highest_met is not None else None
         missed: int | None = 0 if self.lowest_missed is not None else None
         probe, stride = round(math.log2(hint / nominal) / unit), 1
+        # 1e-6: a rate the grid produced reads back as its own index, not one below
+        prune = (
+            None
+            if prune_below is None
+            else math.floor(math.log2(prune_below / nominal) / unit + 1e-6)
+        )
+        if prune is not None and missed == 0 and prune >= 0:  # a miss at the nominal rate
+            self.pruned_at = nominal
+            return True
+        jump: int | None = None  # after a miss above it, the prune rate's grid point next
         while met is None or missed is None or missed - met > 1:
             if missed is None and met == top:
                 return self._edge(ceiling, rate(top))
             if met is None and missed == bottom:
                 return self._edge(floor, rate(bottom))
-            if met is not None and missed is not None:
+            if jump is not None:
+                probe, jump = max(jump, bottom), None
+            elif met is not None and missed is not None:
                 probe = (met + missed) // 2
             else:  # within the doublings the bounds hold, on the bracket's open side
                 low = bottom if met is None else met + 1
@@ -359,6 +380,11 @@ class _Search:
                 met, probe = probe, probe + stride
             else:
                 missed, probe = probe, probe - stride
+                if prune is not None and (met is None or met < prune):
+                    if missed <= prune:
+                        self.pruned_at = step.rate
+                        return True
+                    jump = prune
             stride *= 2
         return True
 
@@ -377,10 +403,13 @@ def evaluate(
     seed_offset: int = 0,
     on_session: Callable[[Session], None] | None = None,
     capacity_hint: float | None = None,
+    prune_below: float | None = None,
 ) -> Evaluation:
     """Measure a config as the scenario's load mode says; seed_offset shifts every step's
     requests. `on_session` is called once the engine serves the config, before any load. A
-    `capacity_hint` (a close config's capacity) starts an open loop's search there."""
+    `capacity_hint` (a close config's capacity) starts an open loop's search there; with
+    `prune_below` (a rate under the hint), a miss at or below that rate ends the search and the
+    evaluation is `pruned`: the capacity is known to lie below it, not where."""
     if seed_offset:
         scenario = scenario.model_copy(
             update={"workload": scenario.at_rate(scenario.nominal_rate, seed_offset)}
@@ -399,7 +428,7 @@ def evaluate(
         )
         if measured and scenario.load.mode == "capacity":
             search = _Search(session, scenario, deadline)
-            search.run(nominal, capacity_hint)
+            search.run(nominal, capacity_hint, prune_below)
     # After the session: the engine has stopped, and its stop time is among the facts.
     extra = session.extra | nominal.measurement.extra
     if nominal.measurement.fault is not None:
@@ -407,10 +436,26 @@ def evaluate(
     metrics = dict(nominal.metrics) | {
         key: value for key, value in nominal.horizon().items() if key != "warmup_requests"
     }
+    if search is not None and search.pruned_at is not None:
+        metrics |= {
+            "capacity_below": search.pruned_at,
+            "capacity_requests_all_steps": sum(s.requests_all_windows for s in search.steps),
+            "capacity_steps": [step.record() for step in search.steps],
+        }
+        extra["search_s"] = time.monotonic() - started
+        why = (
+            f"pruned: missed the SLA at {search.pruned_at:.4g} {_unit(scenario)}, at or below "
+            f"{prune_below:.4g}, the least it had to sustain to matter; its capacity lies below"
+        )
+        return Evaluation(metrics, extra, pruned=why)
     if search is not None:
         metrics |= _capacity_metrics(scenario, search)
         extra["search_s"] = time.monotonic() - started
     return Evaluation(metrics, extra)
+
+
+def _unit(scenario: Scenario) -> str:
+    return "concurrency" if scenario.closed_loop else "req/s"
 
 
 def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
@@ -422,7 +467,7 @@ def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
     capacity_metrics = capacity_step.metrics if capacity_step else None
     metrics: dict[str, Any] = {
         "capacity_rate": highest_met,  # req/s, or requests in flight for a closed loop
-        "capacity_rate_unit": "concurrency" if scenario.closed_loop else "req/s",
+        "capacity_rate_unit": _unit(scenario),
         "capacity_rps": capacity_metrics["requests_per_s"] if capacity_metrics else 0.0,
         "capacity_output_tokens_per_s": (
             capacity_metrics["output_tokens_per_s"] if capacity_metrics else 0.0
