@@ -164,8 +164,9 @@ class Polisher:
     def _prune_below(self, here: FrozenTrial, params: dict[str, Any]) -> tuple[float, float] | None:
         """Where the step from `here` to `params` is searched from, and the rate PRUNE_MARGIN
         below it at which a miss prunes it, or None where it is searched whole. A step matters
-        if it beats where the climb stands or the pick of an arm it runs (the ladder, the
-        deployments' verdict): the least of those capacities. Only on the simulator, whose
+        if it beats where the climb stands (or the arm's pick it was proposed from) or the pick
+        of an arm it runs (the ladder, the deployments' verdict): the least of those
+        capacities. Only on the simulator, whose
         one miss is the verdict (a real engine's capacity varies between draws, and a rival
         within that variation is measured again: tuner.repeats), under max-throughput (a
         step slower at capacity may still win min-ttft), from an SLA-feasible `here` (any
@@ -355,11 +356,14 @@ class Polisher:
     def run_sampled(self, arm: dict[str, Any], n: int) -> int:
         """`n` trials proposed within the arm (tuner.study.propose_within): the arm searched
         where its own trials point, not only one knob from where the controlled trial landed.
-        How many ran (none when time is up or another run adds trials, as run_queued)."""
+        A proposal that cannot beat the arm's pick is pruned (_prune_below): it is there to
+        find a better one. How many ran (none when time is up or another run adds trials,
+        as run_queued)."""
         if n <= 0 or not self._may_run():
             return 0
         proposals = unmeasured(self.run, propose_within(self.run, arm, n))
-        return self.run_queued(proposals, arm_pick(self.run.study, self.run.scenario, arm))
+        pick = arm_pick(self.run.study, self.run.scenario, arm)
+        return self.run_queued(proposals, pick, prune=True)
 
     def refine_arms(self, compared: list[dict[str, Any]], per_arm: int) -> int:
         """Search each arm of `compared` (`arms`) a little, so that what the console and report

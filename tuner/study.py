@@ -26,6 +26,7 @@ from runners.base import Runner
 from runners.load.capacity import evaluate
 from runners.load.measurement import Fault
 from search_spaces.space import SearchSpace
+from tuner.attrs import set_user_attrs
 from tuner.heartbeat import heartbeat, heartbeat_interval
 from tuner.interrupts import interrupts_deferred
 from tuner.quality import QualityBook, trial_figures
@@ -136,13 +137,19 @@ def _grid_exhausted(study: optuna.Study) -> bool:
     return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
 
 
-def _fail(study: optuna.Study, trial: optuna.Trial, config: dict, fault: Fault) -> TrialReport:
+def _fail(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    config: dict,
+    fault: Fault,
+    attrs: dict[str, Any] | None = None,
+) -> TrialReport:
+    """End the trial FAIL with its cause (and `attrs`, what it measured before)."""
     status = {"infeasible": "infeasible", "sla-violated": "violates-sla"}.get(fault.kind, "fail")
-    trial.set_user_attr("status", status)
-    trial.set_user_attr("fault_kind", fault.kind)
-    trial.set_user_attr("fault", fault.message)
+    attrs = (attrs or {}) | {"status": status, "fault_kind": fault.kind, "fault": fault.message}
     if fault.log_tail:
-        trial.set_user_attr("log_tail", fault.log_tail[-4000:])
+        attrs["log_tail"] = fault.log_tail[-4000:]
+    set_user_attrs(trial, attrs)
     _tell(study, trial, state=TrialState.FAIL)
     return TrialReport(trial.number, config, status, reason=fault.message)
 
@@ -177,18 +184,16 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
         capacity_hint=trial.user_attrs.get(CAPACITY_HINT),
         prune_below=trial.user_attrs.get(PRUNE_BELOW),
     )
-    for key, value in evaluation.extra.items():
-        trial.set_user_attr(f"runner_{key}", value)
+    # What the trial measured is written in one transaction (tuner.attrs), just before its end.
+    attrs = {f"runner_{key}": value for key, value in evaluation.extra.items()}
     if evaluation.fault is not None:
-        for key, value in evaluation.partial.items():  # an early-rejected or failed load
-            trial.set_user_attr(f"partial_{key}", value)
-        return _fail(run.study, trial, config, evaluation.fault)
+        # an early-rejected or failed load
+        attrs |= {f"partial_{key}": value for key, value in evaluation.partial.items()}
+        return _fail(run.study, trial, config, evaluation.fault, attrs)
     metrics = evaluation.metrics
-    for key, value in metrics.items():
-        trial.set_user_attr(key, value)
+    attrs |= metrics
     if evaluation.pruned is not None:
-        trial.set_user_attr("status", "pruned")
-        trial.set_user_attr("pruned", evaluation.pruned)
+        set_user_attrs(trial, attrs | {"status": "pruned", "pruned": evaluation.pruned})
         _tell(run.study, trial, state=TrialState.PRUNED)
         return TrialReport(trial.number, config, "pruned", reason=evaluation.pruned)
     values = objective_values(metrics, scenario)
@@ -203,16 +208,15 @@ def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
                 "error",
                 f"no request succeeded at the nominal rate: no TTFT or throughput to report{why}",
             ),
+            attrs,
         )
     quality = book.trial_attrs(config)
-    for key, value in quality.items():
-        trial.set_user_attr(key, value)
     constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(
         trial_figures(quality), scenario.quality
     )
     record_constraints(trial, constraints)
     status = "feasible" if is_feasible(constraints) else "violates-sla"
-    trial.set_user_attr("status", status)
+    set_user_attrs(trial, attrs | quality | {"status": status})
     _tell(run.study, trial, list(values))
     return TrialReport(trial.number, config, status, values)
 

@@ -1,0 +1,34 @@
+"""A trial's attributes in one transaction (tuner.attrs), on a real SQLite file and on
+Optuna's in-memory storage, which has no transactions to share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from sqlalchemy import event
+
+from tuner.attrs import set_user_attrs
+
+ATTRS = {"capacity_rate": 44.02, "capacity_steps": [{"rate": 6.0, "meets_sla": True}], "ok": None}
+
+
+def test_a_trials_attributes_are_one_commit_and_read_back_as_set(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    commits = []
+    event.listen(storage.engine, "commit", lambda connection: commits.append(1))
+    set_user_attrs(trial, ATTRS)
+    assert len(commits) == 1  # set_user_attr one by one: one commit each
+    study.tell(trial, 1.0)
+    again = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+    assert again.trials[0].user_attrs == ATTRS
+
+
+def test_a_storage_without_transactions_gets_them_one_by_one():
+    study = optuna.create_study()
+    trial = study.ask()
+    set_user_attrs(trial, ATTRS)
+    assert trial.user_attrs == ATTRS
