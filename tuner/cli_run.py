@@ -181,7 +181,7 @@ def finish(
         f"{counts['violates-sla']} missed it, {counts['infeasible']} could not run, "
         f"{counts['fail']} failed"
         + (
-            f", {counts['pruned']} pruned (slower than the config they stepped from)"
+            f", {counts['pruned']} pruned (slower than the pick they had to beat)"
             if counts["pruned"]
             else ""
         )
