@@ -22,6 +22,7 @@ def test_a_trials_attributes_are_one_commit_and_read_back_as_set(tmp_path: Path)
     event.listen(storage.engine, "commit", lambda connection: commits.append(1))
     set_user_attrs(trial, ATTRS)
     assert len(commits) == 1  # set_user_attr one by one: one commit each
+    assert trial.user_attrs == ATTRS  # read back by the running trial, as set_user_attr does
     study.tell(trial, 1.0)
     again = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
     assert again.trials[0].user_attrs == ATTRS

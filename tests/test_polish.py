@@ -24,8 +24,10 @@ from runners.sim.runner import SimRunner
 from search_spaces.deployment import ROLE_KNOBS, as_deployment, with_deployment
 from search_spaces.space import KnobRange, SearchSpace
 from tests.conftest import run_autotune, small_scenario
+from tuner.ladder import ladder
 from tuner.neighbourhood import NUMERIC_LOG_STEP, neighbours, steps
 from tuner.polish import SPLIT_KNOBS, Polish, Polisher
+from tuner.pruning import prune_bounds
 from tuner.storage import open_storage
 from tuner.study import (
     CAPACITY_HINT,
@@ -282,6 +284,26 @@ def test_a_pruned_step_is_slower_than_where_the_climb_stood(tmp_path: Path):
         assert whole.metrics["capacity_rate"] < below
 
 
+def test_pruning_changes_neither_the_pick_nor_the_ladder(tmp_path: Path, monkeypatch):
+    """The same planted study polished twice, pruning and measuring every step whole: the
+    pick (its knobs and figures) and every ladder row's best are the same; only trials that
+    could not win ended early."""
+
+    def polished(where: Path) -> tuple[dict, list, list]:
+        where.mkdir()
+        run = _planted_study(where)
+        Polisher(run).polish(60)
+        best = best_trial(run.study, run.scenario)
+        assert best is not None
+        rows = [(r.pair, r.throughput) for r in ladder(run.study)]
+        return best.params, list(best.values), rows
+
+    pruned = polished(tmp_path / "pruned")
+    monkeypatch.setattr("tuner.polish.prune_bounds", lambda *args: None)
+    whole = polished(tmp_path / "whole")
+    assert pruned == whole
+
+
 def test_only_a_simulated_max_throughput_climb_from_a_feasible_trial_prunes(tmp_path: Path):
     """Where a step is searched to the end: on a real engine (its capacity varies between
     draws, and close rivals are measured again), under min-ttft (a slower step may answer
@@ -293,24 +315,28 @@ def test_only_a_simulated_max_throughput_climb_from_a_feasible_trial_prunes(tmp_
     here = study.trials[0]
     rate = here.user_attrs["capacity_rate"]
     same_arm = here.params | {"batch_size": 80}
-    assert Polisher(run)._prune_below(here, same_arm) == pytest.approx((rate, rate * 0.85))
+    tie = run.scenario.tie_tolerance  # throughputs within it are ranked alike
+    assert prune_bounds(run, here, same_arm) == pytest.approx((rate, rate * (1 - tie) * 0.85))
+    lenient = replace(run, scenario=run.scenario.model_copy(update={"tie_tolerance": 0.2}))
+    assert prune_bounds(lenient, here, same_arm) == pytest.approx((rate, rate * 0.8 * 0.85))
     other_arm = here.params | {"quantization": "w8a8"}
-    assert Polisher(run)._prune_below(here, other_arm) is None  # no w8a8 trial yet
+    assert prune_bounds(run, here, other_arm) is None  # no w8a8 trial yet
     study.enqueue_trial(other_arm)
     optimize(run, 1, None)
     rival = study.trials[-1].user_attrs["capacity_rate"]
     assert rival != rate
-    assert Polisher(run)._prune_below(here, other_arm | {"batch_size": 80}) == pytest.approx(
-        (min(rate, rival), min(rate, rival) * 0.85)
+    least = min(rate, rival)
+    assert prune_bounds(run, here, other_arm | {"batch_size": 80}) == pytest.approx(
+        (least, least * (1 - tie) * 0.85)
     )
     for changed in (
         replace(run, runner=SimpleNamespace(name="vllm")),
         replace(run, scenario=run.scenario.model_copy(update={"pick": "min-ttft"})),
     ):
-        assert Polisher(changed)._prune_below(here, same_arm) is None
+        assert prune_bounds(changed, here, same_arm) is None
     missed = study.trials[0]
     missed.system_attrs[CONSTRAINTS_ATTR] = [1.0]
-    assert Polisher(run)._prune_below(missed, same_arm) is None
+    assert prune_bounds(run, missed, same_arm) is None
 
 
 def test_polish_measures_nothing_twice(tmp_path: Path):

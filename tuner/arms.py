@@ -47,8 +47,12 @@ def trials_to_compare(study: optuna.Study, arm_knobs: tuple[str, ...]) -> int:
 
 
 def in_arm(study: optuna.Study, trial: FrozenTrial, arm: dict[str, Any]) -> bool:
-    knobs = trial_knobs(study, trial)
-    return all(knobs.get(name) == value for name, value in arm.items())
+    return runs_arm(trial_knobs(study, trial), arm)
+
+
+def runs_arm(config: dict[str, Any], arm: dict[str, Any]) -> bool:
+    """Whether a config (knob values as the space settles them) runs the arm's values."""
+    return all(config.get(name) == value for name, value in arm.items())
 
 
 def pick_among(trials: list[FrozenTrial], scenario: Scenario) -> FrozenTrial | None:

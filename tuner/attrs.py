@@ -27,10 +27,19 @@ def set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
     storage = trial.storage
     backend = getattr(storage, "_backend", storage)  # a study's storage caches an RDB one
     write = getattr(backend, "_set_trial_attr_without_commit", None)
-    if models is None or not isinstance(backend, RDBStorage) or write is None:
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
-        return
-    with _create_scoped_session(backend.scoped_session) as session:
-        for key, value in attrs.items():
-            write(session, models.TrialUserAttributeModel, trial._trial_id, key, value)
+    if models is not None and isinstance(backend, RDBStorage) and write is not None:
+        try:
+            # as Optuna's own setter: a row another process wrote first is no error
+            with _create_scoped_session(backend.scoped_session, True) as session:
+                for key, value in attrs.items():
+                    write(session, models.TrialUserAttributeModel, trial._trial_id, key, value)
+        except TypeError:  # a later Optuna's writer takes other arguments: one by one
+            pass
+        else:
+            # what trial.user_attrs reads back, as set_user_attr keeps it
+            cached = getattr(trial, "_cached_frozen_trial", None)
+            if cached is not None:
+                cached.user_attrs.update(attrs)
+            return
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)

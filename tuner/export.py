@@ -161,7 +161,14 @@ def lacking(engine: str, knobs: dict[str, Any]) -> dict[str, str]:
 
 
 # Trial attributes that are no measurement of the config (or too long for a deploy file).
-NOT_EXPORTED = ("knobs", "capacity_steps", "capacity_hint", "status", "engine_args")
+NOT_EXPORTED = (
+    "knobs",
+    "capacity_steps",
+    "capacity_hint",
+    "capacity_prune_below",
+    "status",
+    "engine_args",
+)
 
 
 def capacity_summary(

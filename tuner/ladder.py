@@ -50,10 +50,13 @@ def _order(rung: Rung) -> tuple:
 
 def ladder(study: optuna.Study) -> list[Rung]:
     rungs: dict[tuple[str, float], Rung] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    # A pruned trial searched the pair too (tuner.pruning): it counts, with no figure.
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         pair = quality_pair(trial_knobs(study, t))
         rung = rungs.setdefault(pair, Rung(pair, {}))
         rung.trials += 1
+        if t.state == TrialState.PRUNED:
+            continue
         rung.quality = {
             k: v for k, v in t.user_attrs.items() if k.startswith("quality_")
         } or rung.quality

@@ -11,7 +11,7 @@ A round measures the knobs the arms did not search first, a run of wins on one k
 and a climb that stops where a scheduling policy or cache setting ties goes on from that tie
 once (Polisher._climb). A neighbour's capacity search starts from its neighbour's capacity
 (CAPACITY_HINT); on the simulator a step that cannot beat where the climb stands, nor its
-arm's pick, is pruned once that is certain (PRUNE_BELOW, Polisher._prune_below). A
+arm's pick, is pruned once that is certain (PRUNE_BELOW, tuner.pruning). A
 disaggregated pick first climbs the knobs that balance its roles alone (its split, decode
 taking the rest of the chips, and the prefill instances' batch), which decide that
 deployment most.
@@ -44,6 +44,7 @@ from objectives.scoring import is_feasible
 from search_spaces.deployment import as_deployment, is_disaggregated
 from tuner.arms import arm_pick, arms, pick_among
 from tuner.neighbourhood import change, farther, neighbours
+from tuner.pruning import prune_bounds
 from tuner.study import (
     CAPACITY_HINT,
     PRUNE_BELOW,
@@ -68,12 +69,6 @@ REAL_POLISH_TRIALS = 12
 # and a short polish. An arm with fewer measured trials than MIN_ARM_TRIALS is "not compared".
 ARM_TRIALS = 6
 MIN_GAIN = 0.01  # how much better a neighbour must be to move the pick and the climb on
-# A climb's step is searched only down to this far below the least capacity it must reach to
-# change anything the run states (Polisher._prune_below): a miss there prunes it. The pick
-# rule ranks throughput at capacity, which a window's ramp and drain move by up to ~11% at one
-# rate (customer-service, 40.36 req/s: 4,475 tok/s on a 1,000-request window, 4,988 on 4,000);
-# a step pruned here has a capacity at least 20% (five grid points of 5% precision) below.
-PRUNE_MARGIN = 0.15
 # A chip budget's split between the roles (decode_instances is the rest unless searched), and
 # with the prefill instances' batch, the knobs that balance prefill against decode.
 SPLIT_KNOBS = ("prefill_instances", "decode_instances")
@@ -149,46 +144,17 @@ class Polisher:
         """Measure the params; how many ran (none unless _may_run). Their capacity searches
         start from `near`'s capacity (a trial of a close config): the same answer, sooner.
         With `prune` (a climb's steps from `near`), a step that cannot change anything the
-        run states is pruned once that is certain (_prune_below)."""
+        run states is pruned once that is certain (tuner.pruning)."""
         if not todo or not self._may_run():
             return 0
         hint = None if near is None else near.user_attrs.get("capacity_rate")
         for params in todo:
             attrs = {CAPACITY_HINT: hint} if hint else {}
-            bounds = self._prune_below(near, params) if prune and near is not None else None
+            bounds = prune_bounds(self.run, near, params) if prune and near is not None else None
             if bounds is not None:
                 attrs = {CAPACITY_HINT: bounds[0], PRUNE_BELOW: bounds[1]}
             self.run.study.enqueue_trial(params, user_attrs=attrs or None)
         return self._optimize(len(todo))
-
-    def _prune_below(self, here: FrozenTrial, params: dict[str, Any]) -> tuple[float, float] | None:
-        """Where the step from `here` to `params` is searched from, and the rate PRUNE_MARGIN
-        below it at which a miss prunes it, or None where it is searched whole. A step matters
-        if it beats where the climb stands (or the arm's pick it was proposed from) or the pick
-        of an arm it runs (the ladder, the deployments' verdict): the least of those
-        capacities. Only on the simulator, whose
-        one miss is the verdict (a real engine's capacity varies between draws, and a rival
-        within that variation is measured again: tuner.repeats), under max-throughput (a
-        step slower at capacity may still win min-ttft), from an SLA-feasible `here` (any
-        feasible step beats an infeasible one), and where each such arm has a pick."""
-        run = self.run
-        rate = here.user_attrs.get("capacity_rate")
-        if (
-            run.runner.name != "sim"
-            or run.scenario.pick != "max-throughput"
-            or rate is None
-            or not is_feasible(here.constraints)
-        ):
-            return None
-        config = run.space.config_of(params)
-        for arm in arms(run):
-            if all(config.get(name) == value for name, value in arm.items()):
-                pick = arm_pick(run.study, run.scenario, arm)
-                rival = None if pick is None else pick.user_attrs.get("capacity_rate")
-                if rival is None:
-                    return None
-                rate = min(rate, rival)
-        return rate, rate * (1 - PRUNE_MARGIN)
 
     def polish(self, budget: int, arm: dict[str, Any] | None = None) -> Polish:
         """Measure the pick's one-knob neighbours until none beats it (the module's rule), at
@@ -356,7 +322,7 @@ class Polisher:
     def run_sampled(self, arm: dict[str, Any], n: int) -> int:
         """`n` trials proposed within the arm (tuner.study.propose_within): the arm searched
         where its own trials point, not only one knob from where the controlled trial landed.
-        A proposal that cannot beat the arm's pick is pruned (_prune_below): it is there to
+        A proposal that cannot beat the arm's pick is pruned (tuner.pruning): it is there to
         find a better one. How many ran (none when time is up or another run adds trials,
         as run_queued)."""
         if n <= 0 or not self._may_run():

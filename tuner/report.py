@@ -143,7 +143,8 @@ def deployment_comparison(study: optuna.Study, scenario: Scenario) -> str | None
     best = best_by_deployment(study, scenario)
     if best is None:
         return None
-    measured = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    # pruned trials searched a deployment too (tuner.pruning)
+    measured = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     searched = {
         name: sum(1 for t in measured if in_arm(study, t, {"deployment": name}))
         for name in DEPLOYMENTS

@@ -44,7 +44,7 @@ STUDY_DIRECTIONS = tuple(StudyDirection[direction.upper()] for direction in DIRE
 # best), where its capacity search starts (runners.load.capacity.evaluate).
 CAPACITY_HINT = "capacity_hint"
 # With it, the rate below which the queued trial could change nothing the run states: a miss
-# there ends its search and the trial is PRUNED (tuner.polish.Polisher.run_queued).
+# there ends its search and the trial is PRUNED (tuner.pruning).
 PRUNE_BELOW = "capacity_prune_below"
 
 
@@ -284,7 +284,10 @@ def propose_within(run: StudyRun, fixed: dict[str, Any], n: int) -> list[dict[st
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.PartialFixedSampler(fixed, run.new_sampler(len(study.trials)))
     side = optuna.create_study(directions=study.directions, sampler=sampler)
-    for finished in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    # pruned trials too: Optuna's TPE counts them among the worse (tuner.pruning)
+    for finished in study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
+    ):
         knobs = trial_knobs(study, finished)
         if all(knobs.get(name) == value for name, value in fixed.items()):
             side.add_trial(finished)

@@ -11,7 +11,7 @@ luck of the draw); a real engine gets fresh prompt text each step.
 2. bracket: from the nominal rate double the rate until a step breaks an SLO or `max_rate` is
    reached; if the nominal rate breaks one, halve down to `min_rate` instead;
 3. bisect the bracket geometrically until its width is within `precision` of its low end
-   (closed loops: whole requests in flight).
+   (closed loops: whole requests in flight); runners.load.bracket.
 The nominal step runs whole; the others stop as soon as the SLA is certainly missed (unless
 `load.early_rejection` is false). A step whose requests fail (an overloaded server refusing
 some) misses the SLA's success rate and is bisected on like any miss; only an engine that dies
@@ -38,10 +38,11 @@ from typing import Any
 from objectives.scenario import SLA, Scenario
 from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner, Session
-from runners.load.measurement import Fault, Measurement, summarize, warmup_requests
+from runners.load.bracket import Search
+from runners.load.measurement import Fault, summarize, warmup_requests
 from runners.load.steady_state import RISING_TREND, settle_margin, slowing, unsettled
+from runners.load.step import Step
 
-CAPACITY_RAMP = 2.0  # rate factor per bracketing step
 # With the fourth-root margin, a cap of 4 left customer-service's export 1 seed in 3 above what
 # 16x its requests sustain; 8 none (bench/bench_steady_state.py --exports), at 1.7x the
 # simulated requests per trial.
@@ -64,58 +65,6 @@ CLOSED_WINDOW_CYCLES = 10
 # half a conversation) and held 27.8 over 16,000.
 SESSION_SPANS = 1
 
-# The per-step figures kept in the trial, so a latency-throughput curve can be drawn.
-STEP_METRICS = (
-    "ttft_p50_ms",
-    "ttft_p99_ms",
-    "tpot_p50_ms",
-    "tpot_p99_ms",
-    "output_tokens_per_s",
-    "requests_per_s",
-    "ttft_samples",
-    "ttft_trend",
-    "idle_ttft_trend",
-    "idle_ttft_rise",
-    "offered_rps",
-    "delivered_rps",
-    "delivered_share",
-)
-
-
-@dataclass
-class Step:
-    """A step judged on its last window: `measurement` and `metrics` are that window's."""
-
-    rate: float
-    measurement: Measurement
-    metrics: dict[str, Any]
-    meets_sla: bool
-    windows: int = 1
-    requests_all_windows: int = 0
-    unsettled: str | None = None  # why the last window was judged though not settled
-    cut_short: bool = False  # max_trial_s left no time to extend it
-    slowed: bool = False  # met with its TTFT rising, not extended: the engine slowed down
-
-    def record(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"rate": self.rate, "meets_sla": self.meets_sla}
-        row |= {key: self.metrics.get(key) for key in STEP_METRICS}
-        row |= self.horizon()
-        fault = self.measurement.fault
-        if fault is not None:
-            row["fault"] = f"{fault.kind}: {fault.message}"[:300]
-        return row
-
-    def horizon(self) -> dict[str, Any]:
-        return {
-            "horizon_requests": self.measurement.sent,
-            "warmup_requests": self.measurement.warmup,
-            "windows": self.windows,
-            "requests_all_windows": self.requests_all_windows,
-            "settled": self.unsettled is None,
-            "unsettled": self.unsettled,
-            "engine_slowed": self.slowed,
-        }
-
 
 @dataclass
 class Evaluation:
@@ -126,16 +75,6 @@ class Evaluation:
     fault: Fault | None = None
     partial: dict[str, Any] = field(default_factory=dict)  # metrics of a load stopped early
     pruned: str | None = None  # why the capacity search stopped below `prune_below` (evaluate)
-
-
-def grid_unit(precision: float) -> float:
-    """The search's finest step, in log2 of the rate: from the nominal rate it brackets a
-    doubling and halves it until the bracket is within `precision`, so every rate it measures
-    at that depth is the nominal rate times 2 to a whole multiple of this."""
-    unit = 1.0
-    while 2**unit > 1 + precision:
-        unit /= 2
-    return unit
 
 
 def _moved(sla: SLA, factor: float) -> SLA:
@@ -209,193 +148,6 @@ def _step(
         return Step(rate, measurement, metrics, meets_sla, windows, sent, why, slowed=slowed)
 
 
-class _Search:
-    """The bracket [highest rate that met every SLO, lowest rate that missed one], narrowed
-    step by step; either end is None until a step has landed there."""
-
-    def __init__(self, session: Session, scenario: Scenario, deadline: float | None):
-        self.session, self.scenario, self.deadline = session, scenario, deadline
-        self.closed = scenario.closed_loop
-        self.steps: list[Step] = []
-        self.time_limited = False
-        self.engine_fault: Step | None = None
-        self.highest_met: float | None = None
-        self.lowest_missed: float | None = None
-        self.pruned_at: float | None = None  # the rate below prune_below that missed (run)
-
-    def _as_rate(self, rate: float) -> float:
-        """A closed loop's rate is a whole number of requests in flight."""
-        return float(max(1, round(rate))) if self.closed else rate
-
-    def _narrow_enough(self, highest_met: float, lowest_missed: float) -> bool:
-        if self.closed and lowest_missed - highest_met <= 1:
-            return True
-        return lowest_missed <= highest_met * (1 + self.scenario.load.precision)
-
-    def _measure(self, rate: float) -> Step | None:
-        """Measure one step and move the bracket; None when the search has to end: the time is
-        up, the engine failed (a missed SLA or failed requests are a step, not an end), or the
-        rate is one already measured (a closed loop's rounding cannot move any further)."""
-        if self.engine_fault is not None or any(step.rate == rate for step in self.steps):
-            return None
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.time_limited = True
-            return None
-        step = _step(
-            self.session, self.scenario, rate, self.scenario.load.early_rejection, self.deadline
-        )
-        self.steps.append(step)
-        self.time_limited |= step.cut_short
-        fault = step.measurement.fault
-        if fault is not None and fault.kind != "sla-violated":
-            self.engine_fault = step
-            return None
-        if step.meets_sla:
-            self.highest_met = rate
-        else:
-            self.lowest_missed = rate
-        return step
-
-    def _ramp_up(self, met_rate: float, ceiling: float) -> bool:
-        """From a rate that met every SLO, double until a step misses one or the ceiling is
-        reached; False when the search has to end."""
-        while met_rate < ceiling:
-            step = self._measure(self._as_rate(min(met_rate * CAPACITY_RAMP, ceiling)))
-            if step is None:
-                return False
-            if not step.meets_sla:
-                return True
-            met_rate = step.rate
-        return True
-
-    def _ramp_down(self, missed_rate: float, floor: float) -> bool:
-        """From a rate that missed an SLO, halve until a step meets every one or the floor is
-        reached; False when the search has to end."""
-        while missed_rate > floor:
-            step = self._measure(self._as_rate(max(missed_rate / CAPACITY_RAMP, floor)))
-            if step is None:
-                return False
-            if step.meets_sla:
-                return True
-            missed_rate = step.rate
-        return True
-
-    def _bisect(self) -> None:
-        """Narrow a bracket that has both ends, geometrically (closed loops: whole numbers)."""
-        while True:
-            highest_met, lowest_missed = self.highest_met, self.lowest_missed
-            if highest_met is None or lowest_missed is None:
-                return  # no bracket: every step met (to the ceiling) or missed (to the floor)
-            if self._narrow_enough(highest_met, lowest_missed):
-                return
-            if self.closed:
-                middle = float(math.floor((highest_met + lowest_missed) / 2))
-            else:
-                middle = math.sqrt(highest_met * lowest_missed)
-            if self._measure(middle) is None:
-                return
-
-    def run(
-        self, nominal: Step, hint: float | None = None, prune_below: float | None = None
-    ) -> None:
-        """From the nominal step: double until a step misses (or the ceiling), else halve until
-        one meets (or the floor); then bisect geometrically (closed loops: whole numbers).
-        With a `hint`, from the hint instead where it can (_run_from), and with `prune_below`
-        too, ended by a miss at or below that rate (pruned_at)."""
-        floor, ceiling = self.scenario.rate_bounds
-        self.steps.append(nominal)
-        self.time_limited |= nominal.cut_short
-        if nominal.meets_sla:
-            self.highest_met = nominal.rate
-        else:
-            self.lowest_missed = nominal.rate
-        if hint is not None and self._run_from(nominal.rate, hint, prune_below):
-            return
-        if nominal.meets_sla:
-            bracketing = self._ramp_up(nominal.rate, ceiling)
-        else:
-            bracketing = self._ramp_down(nominal.rate, floor)
-        if bracketing:
-            self._bisect()
-
-    def _run_from(self, nominal: float, hint: float, prune_below: float | None = None) -> bool:
-        """Search from `hint` (a capacity measured on a config close to this one) on the grid
-        that the search from the nominal rate bisects down to, nominal * 2**(i * unit): probe
-        the grid point nearest the hint, step away from it by 1, 2, 4... points until the
-        bracket has both ends (the nominal rate's verdict is one), then bisect by whole points.
-        Past the whole doublings of the nominal rate that [floor, ceiling] holds, it does what
-        the search from the nominal rate does there (_edge). So where the engine's verdict
-        rises no higher as the rate does, it ends on the same two rates; with a right hint,
-        after two steps instead of seven or eight, the steps near capacity being the ones that
-        run to EXTENSION_CAP. A hint above a worse neighbour's capacity is bisected down from,
-        through rates far below it that settle at once; stepping down from it, through rates
-        near it that run long, cost 14% more simulated requests (customer-service's arms and
-        polish, seed 0: 1,248k against 1,091k). False, with nothing measured, for a closed
-        loop (whole numbers are not this grid) and a hint outside [floor, ceiling].
-
-        With `prune_below`, the first miss is followed by the grid point at or below that
-        rate, and a miss there (or at the nominal rate, where that lies below it) ends the
-        search (pruned_at): the capacity lies below it, and how far below is not searched."""
-        floor, ceiling = self.scenario.rate_bounds
-        if self.closed or not floor < hint < ceiling:
-            return False
-        unit = grid_unit(self.scenario.load.precision)
-        per_doubling = round(1 / unit)
-        top = per_doubling * math.floor(math.log2(ceiling / nominal) + 1e-9)
-        bottom = -per_doubling * math.floor(math.log2(nominal / floor) + 1e-9)
-
-        def rate(index: int) -> float:
-            return nominal * 2 ** (index * unit)
-
-        met: int | None = 0 if self.highest_met is not None else None
-        missed: int | None = 0 if self.lowest_missed is not None else None
-        probe, stride = round(math.log2(hint / nominal) / unit), 1
-        # 1e-6: a rate the grid produced reads back as its own index, not one below
-        prune = (
-            None
-            if prune_below is None
-            else math.floor(math.log2(prune_below / nominal) / unit + 1e-6)
-        )
-        if prune is not None and missed == 0 and prune >= 0:  # a miss at the nominal rate
-            self.pruned_at = nominal
-            return True
-        jump: int | None = None  # after a miss above it, the prune rate's grid point next
-        while met is None or missed is None or missed - met > 1:
-            if missed is None and met == top:
-                return self._edge(ceiling, rate(top))
-            if met is None and missed == bottom:
-                return self._edge(floor, rate(bottom))
-            if jump is not None:
-                probe, jump = max(jump, bottom), None
-            elif met is not None and missed is not None:
-                probe = (met + missed) // 2
-            else:  # within the doublings the bounds hold, on the bracket's open side
-                low = bottom if met is None else met + 1
-                high = top if missed is None else missed - 1
-                probe = min(max(probe, low), high)
-            step = self._measure(rate(probe))
-            if step is None:
-                return True
-            if step.meets_sla:
-                met, probe = probe, probe + stride
-            else:
-                missed, probe = probe, probe - stride
-                if prune is not None and (met is None or met < prune):
-                    if missed <= prune:
-                        self.pruned_at = step.rate
-                        return True
-                    jump = prune
-            stride *= 2
-        return True
-
-    def _edge(self, bound: float, last: float) -> bool:
-        """Past the last whole doubling (or halving) within the bounds, as the plain search
-        goes on: the bound itself, and a bracket with it bisected geometrically."""
-        if not math.isclose(bound, last) and self._measure(bound) is not None:
-            self._bisect()
-        return True
-
-
 def evaluate(
     runner: Runner,
     config: dict[str, Any],
@@ -427,7 +179,10 @@ def evaluate(
             nominal.measurement.fault is None and nominal.metrics.get("ttft_p99_ms") is not None
         )
         if measured and scenario.load.mode == "capacity":
-            search = _Search(session, scenario, deadline)
+            early = scenario.load.early_rejection
+            search = Search(
+                lambda rate: _step(session, scenario, rate, early, deadline), scenario, deadline
+            )
             search.run(nominal, capacity_hint, prune_below)
     # After the session: the engine has stopped, and its stop time is among the facts.
     extra = session.extra | nominal.measurement.extra
@@ -437,11 +192,7 @@ def evaluate(
         key: value for key, value in nominal.horizon().items() if key != "warmup_requests"
     }
     if search is not None and search.pruned_at is not None:
-        metrics |= {
-            "capacity_below": search.pruned_at,
-            "capacity_requests_all_steps": sum(s.requests_all_windows for s in search.steps),
-            "capacity_steps": [step.record() for step in search.steps],
-        }
+        metrics |= {"capacity_below": search.pruned_at} | _steps_metrics(search)
         extra["search_s"] = time.monotonic() - started
         why = (
             f"pruned: missed the SLA at {search.pruned_at:.4g} {_unit(scenario)}, at or below "
@@ -454,11 +205,19 @@ def evaluate(
     return Evaluation(metrics, extra)
 
 
+def _steps_metrics(search: Search) -> dict[str, Any]:
+    """Every step the search measured, and the requests they sent in all."""
+    return {
+        "capacity_requests_all_steps": sum(step.requests_all_windows for step in search.steps),
+        "capacity_steps": [step.record() for step in search.steps],
+    }
+
+
 def _unit(scenario: Scenario) -> str:
     return "concurrency" if scenario.closed_loop else "req/s"
 
 
-def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
+def _capacity_metrics(scenario: Scenario, search: Search) -> dict[str, Any]:
     highest_met, lowest_missed = search.highest_met, search.lowest_missed
     capacity_step = next(
         (step for step in search.steps if step.rate == highest_met and step.meets_sla), None
@@ -483,14 +242,12 @@ def _capacity_metrics(scenario: Scenario, search: _Search) -> dict[str, Any]:
             capacity_step.measurement.sent if capacity_step is not None else None
         ),
         "capacity_settled": capacity_step.unsettled is None if capacity_step else None,
-        "capacity_requests_all_steps": sum(step.requests_all_windows for step in search.steps),
         "capacity_bracket": [highest_met, lowest_missed],
         "capacity_at_ceiling": (
             highest_met is not None and lowest_missed is None and highest_met >= ceiling
         ),
         "capacity_time_limited": search.time_limited,
-        "capacity_steps": [step.record() for step in search.steps],
-    }
+    } | _steps_metrics(search)
     if highest_met is None:
         metrics["capacity_note"] = f"misses the SLA even at the lowest rate searched ({floor:g})"
     slowed = [step.rate for step in search.steps if step.slowed]
