@@ -143,8 +143,9 @@ class Polisher:
     ) -> int:
         """Measure the params; how many ran (none unless _may_run). Their capacity searches
         start from `near`'s capacity (a trial of a close config): the same answer, sooner.
-        With `prune` (a climb's steps from `near`), a step that cannot change anything the
-        run states is pruned once that is certain (tuner.pruning)."""
+        With `prune` (a climb's steps from `near`, an arm's proposals against its pick `near`),
+        a step that can change no export, ladder row or verdict is pruned once that is certain
+        (tuner.pruning)."""
         if not todo or not self._may_run():
             return 0
         hint = None if near is None else near.user_attrs.get("capacity_rate")

@@ -43,8 +43,8 @@ STUDY_DIRECTIONS = tuple(StudyDirection[direction.upper()] for direction in DIRE
 # A queued trial's user attribute: the capacity of a close config (the polish's pick, an arm's
 # best), where its capacity search starts (runners.load.capacity.evaluate).
 CAPACITY_HINT = "capacity_hint"
-# With it, the rate below which the queued trial could change nothing the run states: a miss
-# there ends its search and the trial is PRUNED (tuner.pruning).
+# With it, the rate below which the queued trial could change no export, ladder row or
+# verdict: a miss there ends its search and the trial is PRUNED (tuner.pruning).
 PRUNE_BELOW = "capacity_prune_below"
 
 
