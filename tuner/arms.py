@@ -12,7 +12,7 @@ from objectives.scenario import Scenario
 from objectives.scoring import is_feasible, pick_best
 from runners.quality import quality_pair
 from tuner.quality import EXCLUDED
-from tuner.study import MIN_ARM_TRIALS, StudyRun, best_trial, trial_knobs
+from tuner.study import MIN_ARM_TRIALS, StudyRun, best_trial, runs_arm, trial_knobs
 
 
 def arms(run: StudyRun) -> list[dict[str, Any]]:
@@ -48,11 +48,6 @@ def trials_to_compare(study: optuna.Study, arm_knobs: tuple[str, ...]) -> int:
 
 def in_arm(study: optuna.Study, trial: FrozenTrial, arm: dict[str, Any]) -> bool:
     return runs_arm(trial_knobs(study, trial), arm)
-
-
-def runs_arm(config: dict[str, Any], arm: dict[str, Any]) -> bool:
-    """Whether a config (knob values as the space settles them) runs the arm's values."""
-    return all(config.get(name) == value for name, value in arm.items())
 
 
 def pick_among(trials: list[FrozenTrial], scenario: Scenario) -> FrozenTrial | None:

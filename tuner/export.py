@@ -24,7 +24,7 @@ from tuner.export_pd import pd_forms, replicated
 from tuner.hold import HOLD_ATTR, held_capacity
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
-from tuner.study import REPEATS_ATTR, trial_knobs
+from tuner.study import CAPACITY_HINT, PRUNE_BELOW, REPEATS_ATTR, trial_knobs
 
 
 class ExportedConfig(BaseModel):
@@ -164,8 +164,8 @@ def lacking(engine: str, knobs: dict[str, Any]) -> dict[str, str]:
 NOT_EXPORTED = (
     "knobs",
     "capacity_steps",
-    "capacity_hint",
-    "capacity_prune_below",
+    CAPACITY_HINT,
+    PRUNE_BELOW,
     "status",
     "engine_args",
 )

@@ -12,8 +12,8 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from objectives.scoring import is_feasible
-from tuner.arms import arm_pick, arms, runs_arm
-from tuner.study import StudyRun
+from tuner.arms import arm_pick, arms
+from tuner.study import StudyRun, runs_arm
 
 # A step is searched only down to this far below the least capacity it must reach to change
 # an export, a ladder row or a verdict (prune_bounds): a miss there prunes it. The pick rule

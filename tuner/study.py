@@ -288,8 +288,7 @@ def propose_within(run: StudyRun, fixed: dict[str, Any], n: int) -> list[dict[st
     for finished in study.get_trials(
         deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
     ):
-        knobs = trial_knobs(study, finished)
-        if all(knobs.get(name) == value for name, value in fixed.items()):
+        if runs_arm(trial_knobs(study, finished), fixed):
             side.add_trial(finished)
     proposals = []
     for _ in range(n):
@@ -390,6 +389,11 @@ def trial_knobs(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
     if "knobs" in trial.user_attrs:
         return dict(trial.user_attrs["knobs"])
     return study.user_attrs.get("fixed_knobs", {}) | trial.params
+
+
+def runs_arm(config: dict[str, Any], arm: dict[str, Any]) -> bool:
+    """Whether a config (knob values as the space settles them) runs the arm's values."""
+    return all(config.get(name) == value for name, value in arm.items())
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
