@@ -191,18 +191,17 @@ def evaluate(
     metrics = dict(nominal.metrics) | {
         key: value for key, value in nominal.horizon().items() if key != "warmup_requests"
     }
-    if search is not None and search.pruned_at is not None:
-        metrics |= {"capacity_below": search.pruned_at} | _steps_metrics(search)
-        extra["search_s"] = time.monotonic() - started
-        why = (
-            f"pruned: missed the SLA at {search.pruned_at:.4g} {_unit(scenario)}, at or below "
-            f"{prune_below:.4g}, the least it had to sustain to matter; its capacity lies below"
-        )
-        return Evaluation(metrics, extra, pruned=why)
-    if search is not None:
-        metrics |= _capacity_metrics(scenario, search)
-        extra["search_s"] = time.monotonic() - started
-    return Evaluation(metrics, extra)
+    if search is None:
+        return Evaluation(metrics, extra)
+    extra["search_s"] = time.monotonic() - started
+    if search.pruned_at is None:
+        return Evaluation(metrics | _capacity_metrics(scenario, search), extra)
+    why = (
+        f"pruned: missed the SLA at {search.pruned_at:.4g} {_unit(scenario)}, at or below "
+        f"{prune_below:.4g}, the least it had to sustain to matter; its capacity lies below"
+    )
+    metrics |= {"capacity_below": search.pruned_at} | _steps_metrics(search)
+    return Evaluation(metrics, extra, pruned=why)
 
 
 def _steps_metrics(search: Search) -> dict[str, Any]:
