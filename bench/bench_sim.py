@@ -1,58 +1,133 @@
-"""Simulator speed: wall time of one 1,000-request trial per scenario and config (goal 0.2 s).
+"""Simulator speed, old code and new side by side: simulated requests and engine steps per CPU
+second over the same loads, and whether every request's times came out the same.
 
-python bench/bench_sim.py
+The baseline is a git revision (default: the last one before the simulator took its decode
+steps in runs); its runners/, objectives/ and search_spaces/ are extracted to a temporary
+folder and each tree measures the loads in its own process (PYTHONPATH first). The loads are
+the presets' typical configs at their nominal rate and at 4x it (near and past capacity, where
+a study's capacity search spends its requests).
+
+python bench/bench_sim.py [--baseline REV] [--repeat N]
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 
-from objectives.scenario import load_scenario
-from runners.sim.runner import SimRunner
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "ce36372"  # before runners/sim/decode_run.py
+BASE = {"max_prefill_tokens": 8192, "quantization": "w8a8", "kv_compression": 1.0}
+LOADS = [  # scenario, engine, knobs, rate multiple of the nominal, requests
+    ("customer-service", "mindie", {"batch_size": 834, "select_batch": "decode-first"}, 4, 4000),
+    ("customer-service", "mindie", {"batch_size": 64, "select_batch": "prefill-first"}, 1, 2000),
+    ("realtime-chat", "mindie", {"batch_size": 128, "select_batch": "decode-first"}, 4, 2000),
+    ("code-completion", "vllm", {"batch_size": 256, "select_batch": "decode-first"}, 4, 4000),
+    ("document-summary", "llamacpp", {"batch_size": 16}, 1, 1000),
+    ("multi-turn-chat", "mindie", {"batch_size": 256, "select_batch": "decode-first"}, 1, 4000),
+    ("content-generation", "vllm", {"batch_size": 512, "select_batch": "prefill-first"}, 1, 1000),
+]
 
-CONFIGS = {
-    "batch 8, prefill-first": dict(
-        batch_size=8, select_batch="prefill-first", max_prefill_batch_size=8
-    ),
-    "batch 32, decode-first": dict(
-        batch_size=32, select_batch="decode-first", max_prefill_batch_size=32
-    ),
-    "batch 128, decode-first": dict(
-        batch_size=128, select_batch="decode-first", max_prefill_batch_size=50
-    ),
-}
-GOAL_S = 0.2
+
+def _measure_loads(repeat: int) -> list[dict]:
+    """In the tree on PYTHONPATH: each load's requests, steps, CPU seconds and result hash."""
+    from objectives.scenario import load_scenario
+    from runners.sim.runner import SimRunner
+
+    rows = []
+    for name, engine, knobs, multiple, requests in LOADS:
+        scenario = load_scenario(name)
+        workload = scenario.at_rate(scenario.nominal_rate * multiple)
+        workload = workload.model_copy(update={"num_requests": requests})
+        runner = SimRunner(engine=engine)
+        config = BASE | knobs
+        seconds = []
+        for _ in range(repeat):
+            start = time.process_time()
+            measurement = runner.run(config, workload)
+            seconds.append(time.process_time() - start)
+        digest = hashlib.sha256()
+        for times in (measurement.send_s, measurement.first_token_s, measurement.finish_s):
+            digest.update(times.tobytes())
+        rows.append(
+            {
+                "load": f"{name} {engine} x{multiple}",
+                "requests": int(measurement.sent),
+                "steps": int(measurement.extra.get("steps", 0)),
+                "cpu_s": statistics.median(seconds),
+                "hash": digest.hexdigest()[:16],
+            }
+        )
+    return rows
+
+
+def _in_tree(tree: Path, repeat: int) -> list[dict]:
+    env = os.environ | {"PYTHONPATH": str(tree)}
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import bench_sim; "
+        "print(json.dumps(bench_sim._measure_loads(int(sys.argv[2]))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "bench"), str(repeat)],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _extract(revision: str, into: Path) -> None:
+    archive = into / "tree.tar"
+    subprocess.run(
+        ["git", "archive", "-o", str(archive), revision, "runners", "objectives", "search_spaces"],
+        cwd=ROOT,
+        check=True,
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
 
 
 def main() -> None:
-    runner = SimRunner()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--baseline", default=BASELINE, help="git revision of the old code")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per load (median CPU)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        _extract(args.baseline, Path(work))
+        old = _in_tree(Path(work), args.repeat)
+    new = _in_tree(ROOT, args.repeat)
     print(
-        f"{'scenario':20} {'config':26} {'requests':>8} {'steps':>7} {'median s':>9} {'vs goal':>8}"
+        f"{'load':38} {'requests':>8} {'steps':>9} {'old req/CPU-s':>13} "
+        f"{'new req/CPU-s':>13} {'new steps/CPU-s':>15} {'ratio':>6}  same"
     )
-    worst = 0.0
-    for name in ("customer-service", "realtime-chat", "code-completion"):
-        workload = load_scenario(name).workload.model_copy(update={"num_requests": 1000})
-        for label, knobs in CONFIGS.items():
-            config = {
-                "max_prefill_tokens": 8192,
-                "quantization": "bf16",
-                "kv_compression": 1.0,
-            } | knobs
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                m = runner.run(config, workload)
-                times.append(time.perf_counter() - start)
-            median = statistics.median(times)
-            worst = max(worst, median)
-            print(
-                f"{name:20} {label:26} {m.sent:>8} {m.extra['steps']:>7} {median:>9.3f} "
-                f"{median / GOAL_S:>7.2f}x"
-            )
+    totals = {"old": 0.0, "new": 0.0, "requests": 0}
+    for before, after in zip(old, new, strict=True):
+        same = before["hash"] == after["hash"] and before["steps"] == after["steps"]
+        totals["old"] += before["cpu_s"]
+        totals["new"] += after["cpu_s"]
+        totals["requests"] += after["requests"]
+        print(
+            f"{after['load']:38} {after['requests']:>8} {after['steps']:>9} "
+            f"{before['requests'] / before['cpu_s']:>13,.0f} "
+            f"{after['requests'] / after['cpu_s']:>13,.0f} "
+            f"{after['steps'] / after['cpu_s']:>15,.0f} "
+            f"{before['cpu_s'] / after['cpu_s']:>5.2f}x  {'yes' if same else 'NO'}"
+        )
     print(
-        f"slowest median: {worst:.3f} s for 1,000 requests "
-        f"(goal {GOAL_S} s; ratio {worst / GOAL_S:.2f})"
+        f"all loads: {totals['requests'] / totals['old']:,.0f} -> "
+        f"{totals['requests'] / totals['new']:,.0f} simulated requests per CPU second "
+        f"({totals['old'] / totals['new']:.2f}x; baseline {args.baseline})"
     )
 
 

@@ -41,6 +41,8 @@ class Admission:
     def _free_up(self, blocks: int) -> bool:
         """Make `blocks` free, evicting idle cached prefixes where that is enough; whether
         they are."""
+        if self.free_blocks >= blocks:  # make_room would evict nothing
+            return True
         if self.prefix_cache is not None:
             self.free_blocks += self.prefix_cache.make_room(self.free_blocks, blocks)
         return self.free_blocks >= blocks

@@ -34,6 +34,7 @@ def session_key(session: int) -> int:
 class Arrivals:
     sessions: SessionPlan | None
     arrivals: np.ndarray | None
+    arrival_times: list[float] | None  # the same, as Python floats: read on every step
     concurrency: int | None
     next_arrival: int
     sent_rank: list[int]
@@ -69,7 +70,7 @@ class Arrivals:
             self._admit_turns()
             return
         planned = len(self.prompt)
-        arrivals = self.arrivals
+        arrivals = self.arrival_times
         if arrivals is None:
             if self.next_arrival == 0:
                 if self.concurrency is None:  # make_requests gives one or the other
@@ -78,7 +79,7 @@ class Arrivals:
                     self._arrive(i, 0.0)
             return
         while self.next_arrival < planned and arrivals[self.next_arrival] <= self.now:
-            self._arrive(self.next_arrival, float(arrivals[self.next_arrival]))
+            self._arrive(self.next_arrival, arrivals[self.next_arrival])
 
     def _next_arrival_s(self) -> float:
         if self.sessions is not None and self.turn_heap:

@@ -32,6 +32,14 @@ class CostModel:
     bytes_per_s: float = field(init=False, repr=False, compare=False)
     # attention FLOPs per query-key pair, all layers
     attn_flops_per_pair: float = field(init=False, repr=False, compare=False)
+    # What step_seconds reads on every step (5.5 M times in a default study), read once: the
+    # parameters its matmuls touch and the profile's overheads (ms), as plain numbers.
+    params_body: int = field(init=False, repr=False, compare=False)
+    params_lm_head: int = field(init=False, repr=False, compare=False)
+    gemm_half_tokens: float = field(init=False, repr=False, compare=False)
+    step_overhead_ms: float = field(init=False, repr=False, compare=False)
+    prefill_overhead_ms: float = field(init=False, repr=False, compare=False)
+    sequence_overhead_ms: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         hardware, model = self.hardware, self.model
@@ -60,6 +68,12 @@ class CostModel:
         object.__setattr__(
             self, "attn_flops_per_pair", 4 * model.layers * model.heads * model.head_dim
         )
+        object.__setattr__(self, "params_body", model.params_body)
+        object.__setattr__(self, "params_lm_head", model.params_lm_head)
+        object.__setattr__(self, "gemm_half_tokens", hardware.gemm_half_tokens.value)
+        object.__setattr__(self, "step_overhead_ms", hardware.decode_step_overhead_ms.value)
+        object.__setattr__(self, "prefill_overhead_ms", hardware.prefill_step_overhead_ms.value)
+        object.__setattr__(self, "sequence_overhead_ms", hardware.per_sequence_overhead_ms.value)
 
     def activation_bytes(self, step_tokens: int) -> float:
         """Peak activations of the largest step (reserved before the KV cache is sized)."""
@@ -89,22 +103,35 @@ class CostModel:
     ) -> float:
         """One step: prefill chunks (new tokens, attention query-key pairs, KV tokens already
         cached before the chunks, sequences) plus one token for each decoding sequence."""
-        model, hardware = self.model, self.hardware
         rows = prefill_tokens + decode_seqs
-        gemm_flops = 2 * model.params_body * rows + 2 * model.params_lm_head * (
+        gemm_flops = 2 * self.params_body * rows + 2 * self.params_lm_head * (
             prefill_seqs + decode_seqs
         )
         # Matmul efficiency grows with the tokens of a prefill; pure decode steps stream the weights
         # and are bandwidth-bound, which the memory bound below already says.
-        efficiency = rows / (rows + hardware.gemm_half_tokens.value) if prefill_tokens else 1.0
+        efficiency = rows / (rows + self.gemm_half_tokens) if prefill_tokens else 1.0
         compute = gemm_flops / (self.flops_per_s * efficiency)
         compute += self.attn_flops_per_pair * (prefill_pairs + decode_context) / self.flops_per_s
         kv_bytes = self.kv_bytes_per_token * (decode_context + prefill_prefix + prefill_tokens)
         memory = (self.weight_read_bytes + kv_bytes) / self.bytes_per_s
-        overhead = (
-            hardware.decode_step_overhead_ms.value
-            + hardware.per_sequence_overhead_ms.value * (prefill_seqs + decode_seqs)
-        )
+        overhead = self.step_overhead_ms + self.sequence_overhead_ms * (prefill_seqs + decode_seqs)
         if prefill_tokens:
-            overhead += hardware.prefill_step_overhead_ms.value
+            overhead += self.prefill_overhead_ms
         return max(compute, memory) + overhead / 1000
+
+    def decode_terms(self, decode_seqs: int) -> tuple[float, float]:
+        """A decode step's seconds that depend on its batch alone: the matmuls', and the fixed
+        overheads'."""
+        gemm_flops = 2 * self.params_body * decode_seqs + 2 * self.params_lm_head * decode_seqs
+        overhead = self.step_overhead_ms + self.sequence_overhead_ms * decode_seqs
+        return gemm_flops / self.flops_per_s, overhead / 1000
+
+    def decode_seconds(self, decode_seqs: int, decode_context: int) -> float:
+        """step_seconds(0, 0, 0, 0, decode_seqs, decode_context), the same operations in the
+        same order (so the same float), without a prefill's terms: the simulator's most
+        frequent step. runners.sim.decode_run inlines it, with decode_terms kept per batch."""
+        gemm_s, overhead_s = self.decode_terms(decode_seqs)
+        compute = gemm_s + self.attn_flops_per_pair * decode_context / self.flops_per_s
+        kv_bytes = self.kv_bytes_per_token * decode_context
+        memory = (self.weight_read_bytes + kv_bytes) / self.bytes_per_s
+        return max(compute, memory) + overhead_s

@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import NamedTuple
 
 import numpy as np
 
@@ -28,21 +27,18 @@ from runners.load.workload import NO_PREFIX, Requests
 from runners.sim.admission import Admission
 from runners.sim.arrivals import Arrivals
 from runners.sim.costs import CostModel
+from runners.sim.decode_run import STALLED, DecodeRun
 from runners.sim.prefix_cache import PrefixCache
 from runners.sim.scheduler import Scheduler, TraceStep
 from runners.sim.swap import Swapping, SwapSpace
 
-
-class _Due(NamedTuple):
-    """A heap entry: at decode step `step` a request finishes (or needs its next KV block);
-    stale once the request's `version` has moved on (it was preempted)."""
-
-    step: int
-    request: int
-    version: int
+# A heap entry is (decode step, request, version): at that decode step the request finishes (or
+# needs its next KV block); stale once the request's version has moved on (it was preempted).
+# Plain tuples: a NamedTuple's constructor costs a microsecond, pushed twice per request.
+Due = tuple[int, int, int]
 
 
-class Simulation(Admission, Arrivals, Swapping):
+class Simulation(Admission, Arrivals, Swapping, DecodeRun):
     def __init__(
         self,
         cost: CostModel,
@@ -82,6 +78,7 @@ class Simulation(Admission, Arrivals, Swapping):
         self.peak_used = 0
         self.requests = requests
         self.arrivals = requests.arrival_s  # None: a closed loop of `concurrency` in flight
+        self.arrival_times = None if self.arrivals is None else self.arrivals.tolist()
         self.concurrency = requests.concurrency
         self.next_arrival = 0
         self.sent_rank = [0] * planned  # its place in the send order (the warm-up's first)
@@ -89,8 +86,8 @@ class Simulation(Admission, Arrivals, Swapping):
         self.waiting: deque[int] = deque()
         self.decoding: dict[int, None] = {}  # admission order: the last one is preempted first
         self.prefilling: dict[int, int] = {}  # chunked policy: request -> prompt tokens done
-        self.finish_heap: list[_Due] = []
-        self.block_heap: list[_Due] = []
+        self.finish_heap: list[Due] = []
+        self.block_heap: list[Due] = []
         self.now = 0.0
         self.decode_steps = 0
         self.decoding_context = 0  # the decoding requests' contexts, summed
@@ -109,6 +106,7 @@ class Simulation(Admission, Arrivals, Swapping):
         self._init_swap(swap, planned)
         # When a list: one entry per step.
         self.trace: list[TraceStep] | None = None
+        self.decode_runs = True  # runners.sim.decode_run
         self.sessions = requests.sessions
         self.burst = requests.burst
         if self.sessions is not None:
@@ -141,18 +139,20 @@ class Simulation(Admission, Arrivals, Swapping):
     def _grow_blocks(self) -> None:
         """Give a block to every decoding request whose context crosses a block boundary next
         step."""
-        heap = self.block_heap
-        while heap and heap[0].step <= self.decode_steps + 1:
+        heap, version_of = self.block_heap, self.version
+        decoding, blocks = self.decoding, self.blocks
+        due = self.decode_steps + 1
+        while heap and heap[0][0] <= due:
             _, request, version = heapq.heappop(heap)
-            if version != self.version[request]:
+            if version != version_of[request]:
                 continue
-            while not self._free_up(1) and request in self.decoding:
+            while not self._free_up(1) and request in decoding:
                 self._preempt_last()
-            if request not in self.decoding:
+            if request not in decoding:
                 continue
             self._take(1)
-            self.blocks[request] += 1
-            heapq.heappush(heap, _Due(self._next_block_step(request), request, version))
+            blocks[request] += 1
+            heapq.heappush(heap, (self._next_block_step(request), request, version))
 
     def _next_block_step(self, request: int) -> int:
         """The decode step before which the request's context outgrows its blocks."""
@@ -162,31 +162,32 @@ class Simulation(Admission, Arrivals, Swapping):
     # --- lifecycle ------------------------------------------------------------------------
     def _first_token(self, request: int) -> None:
         """The request finished its prefill at self.now and produced a token."""
-        self._cache_prefix(request)
+        if self.prefix_cache is not None:
+            self._cache_prefix(request)
         self.restored[request] = 0
+        now = self.now
         if math.isnan(self.first[request]):
-            self.first[request] = self.now
+            self.first[request] = now
             if (
                 self.ttft_bound_s is not None
                 and self.sent_rank[request] >= self.warmup
-                and self.now + self.latency_s - self.send[request] > self.ttft_bound_s
+                and now + self.latency_s - self.send[request] > self.ttft_bound_s
             ):
                 self.late_first_tokens += 1
-        self.remaining[request] -= 1
-        if self.remaining[request] == 0:
+        remaining = self.remaining[request] - 1
+        self.remaining[request] = remaining
+        if remaining == 0:
             self._finish(request)
             return
-        self.decoding[request] = None
-        self.stats["max_running"] = max(
-            self.stats["max_running"], len(self.decoding) + len(self.prefilling)
-        )
-        self.joined_step[request] = self.decode_steps
-        self.joined_context[request] = self.prompt[request] + 1
-        self.decoding_context += self.joined_context[request]
+        decoding, stats = self.decoding, self.stats
+        decoding[request] = None
+        stats["max_running"] = max(stats["max_running"], len(decoding) + len(self.prefilling))
+        self.joined_step[request] = step = self.decode_steps
+        self.joined_context[request] = context = self.prompt[request] + 1
+        self.decoding_context += context
         version = self.version[request]
-        finish_step = self.decode_steps + self.remaining[request]
-        heapq.heappush(self.finish_heap, _Due(finish_step, request, version))
-        heapq.heappush(self.block_heap, _Due(self._next_block_step(request), request, version))
+        heapq.heappush(self.finish_heap, (step + remaining, request, version))
+        heapq.heappush(self.block_heap, (self._next_block_step(request), request, version))
 
     def _finish(self, request: int) -> None:
         self.finish[request] = self.now
@@ -197,15 +198,14 @@ class Simulation(Admission, Arrivals, Swapping):
         self.finished_count += 1
 
     def _retire_decoders(self) -> None:
-        heap = self.finish_heap
-        while heap and heap[0].step <= self.decode_steps:
+        heap, version_of, decoding = self.finish_heap, self.version, self.decoding
+        step = self.decode_steps
+        while heap and heap[0][0] <= step:
             _, request, version = heapq.heappop(heap)
-            if version != self.version[request] or request not in self.decoding:
+            if version != version_of[request] or request not in decoding:
                 continue
-            del self.decoding[request]
-            self.decoding_context -= (
-                self.joined_context[request] + self.decode_steps - self.joined_step[request]
-            )
+            del decoding[request]
+            self.decoding_context -= self.joined_context[request] + step - self.joined_step[request]
             self.remaining[request] = 0
             self._finish(request)
 
@@ -260,6 +260,9 @@ class Simulation(Admission, Arrivals, Swapping):
         self._grow_blocks()
         budget = scheduler.max_prefill_tokens - len(self.decoding)
         seats = scheduler.max_batch - len(self.decoding) - len(self.prefilling)
+        if not self.prefilling and (not self.waiting or seats <= 0):
+            self._decode_steps(grown=True)
+            return
         for i in self._pick_prefills(math.inf, seats, seats):
             self.prefilling[i] = self.cached[i] + self.restored[i]
         chunks: list[tuple[int, int]] = []  # (request, its prompt tokens this step)
@@ -293,6 +296,9 @@ class Simulation(Admission, Arrivals, Swapping):
         scheduler = self.scheduler
         self._grow_blocks()
         seats = scheduler.max_batch - len(self.decoding)
+        if not self.waiting or seats <= 0:
+            self._decode_steps(grown=True)
+            return
         batch = self._pick_prefills(
             scheduler.max_prefill_tokens - len(self.decoding),
             seats,
@@ -322,7 +328,7 @@ class Simulation(Admission, Arrivals, Swapping):
             prefill_cost = scheduler.prefill_ms_per_req * running
             self.decode_waste += scheduler.decode_ms_per_req * (scheduler.max_batch - running)
             if prefill_cost > self.decode_waste:
-                self._decode_step()
+                self._decode_steps()
                 return
         if self.waiting:
             seats = scheduler.max_batch - len(self.decoding)
@@ -333,7 +339,7 @@ class Simulation(Admission, Arrivals, Swapping):
                 self.decode_waste = 0.0
                 self._prefill_step(batch)
                 return
-        self._decode_step()
+        self._decode_steps()
 
     def run(self) -> Measurement:
         planned = len(self.prompt)
@@ -351,7 +357,7 @@ class Simulation(Admission, Arrivals, Swapping):
             steps = self.stats["steps"]
             self._step()
             if self.stats["steps"] == steps:
-                raise RuntimeError("simulation stalled: waiting requests fit nowhere")
+                raise RuntimeError(STALLED)
         return self._measurement()
 
     def _measurement(self) -> Measurement:

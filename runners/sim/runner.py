@@ -316,17 +316,23 @@ class _SimSession:
         self.swap = _swap_space(runner, self.cost, int(config.get("swap_preemptions") or 0))
         self.extra: dict[str, Any] = {}
 
-    def measure(
+    def simulation(
         self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
-    ) -> Measurement:
+    ) -> Simulation:
+        """One replica's engine, ready to serve its share of the workload."""
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
         requests = replica_requests(workload, self.replicas)
         cache = None
         if self.prefix_caching and (requests.prefix_tokens or requests.sessions is not None):
             cache = PrefixCache(requests.prefix_tokens, self.block, self.host_tier)
-        sim = Simulation(
+        return Simulation(
             self.cost, self.scheduler, requests, self.blocks, self.block, bound, cache, self.swap
         )
+
+    def measure(
+        self, workload: Workload, sla: SLA | None = None, stop_early: bool = False
+    ) -> Measurement:
+        sim = self.simulation(workload, sla, stop_early)
         try:
             return sim.run()
         except RuntimeError as error:  # a simulator fault is the trial's, never the study's
