@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from objectives.scenario import SLA, Load, Scenario, load_scenario
-from runners.load.capacity import _step, evaluate
+from runners.load.capacity import evaluate, step_at
 from runners.load.loadgen import RejectionRule, Target, drive
 from runners.load.measurement import (
     Measurement,
@@ -178,7 +178,7 @@ def test_a_search_step_unsettled_at_the_cap_is_a_miss():
     search's step must show that it meets, so at the cap it is a miss."""
     session = WindowSession(lambda n: 0.46)
     scenario = window_scenario()
-    step = _step(session, scenario, scenario.nominal_rate, stop_early=False)
+    step = step_at(session, scenario, scenario.nominal_rate, stop_early=False)
     assert [n for n, _, _ in session.calls] == [1000, 2000, 4000, 8000]
     assert not step.meets_sla and step.unsettled is not None
     assert step.unsettled.endswith("a miss")
@@ -282,7 +282,7 @@ def test_below_the_nominal_rate_a_window_lasts_no_longer_than_a_nominal_one():
     scenario = window_scenario()
     for rate, requests in ((1.5, 250), (0.375, 200)):
         session = WindowSession(lambda n: 0.1)  # far under the bound: settled at once
-        _step(session, scenario, rate, stop_early=False)
+        step_at(session, scenario, rate, stop_early=False)
         assert [n for n, _, _ in session.calls] == [requests]
 
 
@@ -331,13 +331,13 @@ def test_a_slowing_engine_is_told_from_a_growing_queue():
     would only slow it further): it is judged as measured and its step says why."""
     scenario = window_scenario()
     queue = TrendSession(slowing=False)
-    step = _step(queue, scenario, scenario.nominal_rate, stop_early=False)
+    step = step_at(queue, scenario, scenario.nominal_rate, stop_early=False)
     assert queue.calls[:2] == [1000, 2000] and "still rising" in (step.unsettled or "")
     assert not step.record()["engine_slowed"]
     assert step.metrics["idle_ttft_trend"] is None  # no request found the engine idle
 
     engine = TrendSession(slowing=True)
-    step = _step(engine, scenario, scenario.nominal_rate, stop_early=False)
+    step = step_at(engine, scenario, scenario.nominal_rate, stop_early=False)
     assert engine.calls == [1000] and step.meets_sla and step.unsettled is None
     assert step.metrics["ttft_trend"] > 0.7 and step.metrics["idle_ttft_trend"] > 0.7
     # Requests 100-999 after the warm-up, TTFT 10 + 30 i/999 ms: the first quarter's median is

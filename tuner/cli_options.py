@@ -89,7 +89,8 @@ TUNE_OPTIONS = {
         type=flags.POLISH,
         default=None,
         help="before the export, hold the pick at its capacity for N times the scenario's "
-        "requests, lowering a claim that misses (default: 16 on the simulator, 4 on real "
+        "requests (on 3 arrival draws on the simulator), lowering a claim that misses and "
+        "then holding the configs it passed over (default: 64 on the simulator, 4 on real "
         "engines; 0: no hold)",
     ),
     "chip_cost_per_hour": click.option(

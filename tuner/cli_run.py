@@ -19,7 +19,7 @@ from tuner.console import err, out
 from tuner.cost import CHIP_COST_ATTR
 from tuner.export import trial_export, write_export
 from tuner.front_table import front_table, snapshot_rows
-from tuner.hold import REAL_HOLD_FACTOR, SIM_HOLD_FACTOR, describe_hold, hold_pick
+from tuner.hold import REAL_HOLD, SIM_HOLD, HoldPlan, describe_hold, hold_pick, pick_to_hold
 from tuner.ladder import print_quality
 from tuner.misses import closest_miss, why_nothing_met
 from tuner.polish import REAL_POLISH_TRIALS, SIM_POLISH_TRIALS, refine_and_polish
@@ -147,9 +147,9 @@ def finish(
     repeats: int | None = 0,
 ) -> None:
     """Measure the pick and its rivals again (`repeats` in all; None: the runner's default),
-    snapshot the front, print it, hold the best config at its capacity (`hold` times the
-    scenario's requests; None: the runner's default), write the report, export it (exit 3 when
-    none is feasible)."""
+    hold the best config at its capacity (`hold` times the scenario's requests; None: the
+    runner's default), which may move the pick to a config it was tied with, then snapshot
+    the front, print it, write the report, export it (exit 3 when none is feasible)."""
     export_path = outputs["--export"]
     study, scenario = p.study, p.scenario
     simulated = p.runner.name == "sim"
@@ -159,6 +159,11 @@ def finish(
         repeated = repeat_pick(study, scenario, repeats, engine_measure(p.runner, scenario))
         if repeated is not None:
             out.print(describe_repeats(repeated), markup=False, soft_wrap=True)
+    plan = SIM_HOLD if simulated else REAL_HOLD
+    if hold is not None:
+        plan = HoldPlan(hold, plan.draws, plan.extension_cap)
+    pick = pick_to_hold(study, scenario)
+    held = hold_pick(p.runner, study, scenario, pick, plan) if pick and plan.factor else None
     snapshot(study, scenario, p.storage)
     snap = latest_snapshot(p.storage, study.study_name)
     assert snap is not None, "snapshot() has just saved one"
@@ -190,10 +195,7 @@ def finish(
     print_quality(study, p.quality)
     best = best_trial(study, scenario)
     edges = [] if best is None else range_edges(p.space, trial_knobs(study, best))
-    if hold is None:
-        hold = SIM_HOLD_FACTOR if simulated else REAL_HOLD_FACTOR
-    if best is not None and hold:
-        held = hold_pick(p.runner, study, scenario, best, hold)
+    if held is not None:
         out.print(describe_hold(held, scenario), markup=False, soft_wrap=True)
     if best is not None:  # the report shows them beside this trial only
         study.set_user_attr(

@@ -407,16 +407,23 @@ def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
 REPEATS_ATTR = "repeats"
 
 
+# Study attribute: the last hold (tuner.hold), whose choice stands likewise.
+HOLD_ATTR = "hold"
+
+
 def best_trial(
-    study: optuna.Study, scenario: Scenario, repeated: bool = True
+    study: optuna.Study, scenario: Scenario, repeated: bool = True, held: bool = True
 ) -> FrozenTrial | None:
-    """The pick rule's choice on the feasible front; with `repeated`, the pick tuner.repeats
-    made on the worst of repeated measurements where it still stands."""
-    decided = study.user_attrs.get(REPEATS_ATTR) if repeated else None
-    if decided is not None:
+    """The pick rule's choice on the feasible front; with `held`, the config the hold
+    exported, and with `repeated`, the pick tuner.repeats made on the worst of repeated
+    measurements, where they still stand."""
+    for attr, name, follow in ((HOLD_ATTR, "trial", held), (REPEATS_ATTR, "pick", repeated)):
+        decided: dict[str, Any] | None = study.user_attrs.get(attr) if follow else None
+        if decided is None or "complete_trials" not in decided:
+            continue
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if decided["complete_trials"] == len(done):
-            return next(t for t in done if t.number == decided["pick"])
+            return next(t for t in done if t.number == decided[name])
     front = feasible_front(study)
     key = pick_best(
         [(t.number, t.values[0], t.values[1]) for t in front], scenario.pick, scenario.tie_tolerance

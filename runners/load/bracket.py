@@ -25,6 +25,20 @@ def grid_unit(precision: float) -> float:
     return unit
 
 
+def step_down(scenario: Scenario, rate: float) -> float | None:
+    """The search grid's next rate below `rate` (None: nothing below it to try): an open loop's
+    grid is the nominal rate times 2 to a whole multiple of grid_unit; a closed loop's search
+    ends on a bracket `precision` wide, in whole requests in flight, and steps down by that."""
+    if scenario.closed_loop:
+        lower = float(math.floor(rate / (1 + scenario.load.precision)))
+        lower = lower if lower < rate else rate - 1
+        return lower if lower >= 1 else None
+    nominal, unit = scenario.nominal_rate, grid_unit(scenario.load.precision)
+    # 1e-6: a rate the grid produced reads back as its own index, not one above
+    index = math.ceil(math.log2(rate / nominal) / unit - 1e-6) - 1
+    return nominal * 2 ** (index * unit)
+
+
 class Search:
     """The bracket [highest rate that met every SLO, lowest rate that missed one], narrowed
     step by step; either end is None until a step has landed there."""

@@ -88,18 +88,22 @@ def _moved(sla: SLA, factor: float) -> SLA:
     )
 
 
-def _step(
+def step_at(
     session: Session,
     scenario: Scenario,
     rate: float,
     stop_early: bool,
     deadline: float | None = None,
     unsettled_misses: bool = True,
+    factor: int = 1,
+    extension_cap: int = EXTENSION_CAP,
 ) -> Step:
     """Measure one rate until its window is settled (the module's steady-state rule). The
     nominal step passes `unsettled_misses=False`: its verdict is its judged window's SLA check,
-    the trial's constraint, which every config's trial is compared on."""
-    sla, base = scenario.sla, scenario.workload.num_requests
+    the trial's constraint, which every config's trial is compared on. A window starts at
+    `factor` times the scenario's requests (a hold's longer load, tuner.hold) and is extended
+    up to `extension_cap` times that."""
+    sla, base = scenario.sla, scenario.workload.num_requests * factor
     if rate < scenario.nominal_rate:  # as long as a nominal window, not longer (sessions: below)
         base = max(min(base, MIN_WINDOW), math.ceil(base * rate / scenario.nominal_rate))
     if scenario.closed_loop:  # every seat serves a few requests: no window is all fill and drain
@@ -107,7 +111,7 @@ def _step(
     elif scenario.workload.sessions is not None and scenario.load.mode == "capacity":
         conversation = math.ceil(SESSION_SPANS * scenario.workload.session_span_s * rate)
         base = min(max(base, conversation), MAX_WINDOW_REQUESTS)
-    cap = min(base * EXTENSION_CAP, max(base, MAX_WINDOW_REQUESTS))
+    cap = min(base * extension_cap, max(base, MAX_WINDOW_REQUESTS))
     if scenario.workload.burst is not None:  # a load with a burst is one test, run as written
         cap = base
     size, windows, sent = base, 0, 0
@@ -141,7 +145,7 @@ def _step(
             why += "; no time left to extend it"
             return Step(rate, measurement, metrics, meets_sla, windows, sent, why, True)
         if why is not None and unsettled_misses:
-            why += f" at {EXTENSION_CAP}x the scenario's requests: a miss"
+            why += f" at {factor * extension_cap}x the scenario's requests: a miss"
             meets_sla = False
         trend = metrics.get("ttft_trend")
         slowed = why is None and meets_sla and slowing(metrics) and (trend or 0) > RISING_TREND
@@ -174,14 +178,14 @@ def evaluate(
         if on_session is not None:
             on_session(session)
         # Measured whole: its TTFT p99 is an objective and its SLA check the trial's constraint.
-        nominal = _step(session, scenario, scenario.nominal_rate, False, deadline, False)
+        nominal = step_at(session, scenario, scenario.nominal_rate, False, deadline, False)
         measured = (
             nominal.measurement.fault is None and nominal.metrics.get("ttft_p99_ms") is not None
         )
         if measured and scenario.load.mode == "capacity":
             early = scenario.load.early_rejection
             search = Search(
-                lambda rate: _step(session, scenario, rate, early, deadline), scenario, deadline
+                lambda rate: step_at(session, scenario, rate, early, deadline), scenario, deadline
             )
             search.run(nominal, capacity_hint, prune_below)
     # After the session: the engine has stopped, and its stop time is among the facts.
