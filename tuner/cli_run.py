@@ -101,7 +101,8 @@ def tune(
         def on_trial(report: TrialReport) -> None:
             progress.update(task, advance=1, description=_progress_text(run.reports))
 
-        optimize(run, trials, timeout_s, on_trial, study_total)
+        with p.phase("study"):
+            optimize(run, trials, timeout_s, on_trial, study_total)
         budget = polish_trials
         if budget is None:
             budget = SIM_POLISH_TRIALS if p.runner.name == "sim" else REAL_POLISH_TRIALS
@@ -109,7 +110,7 @@ def tune(
         if budget and not every_knob_fixed:
             task = progress.add_task("", total=budget, phase="polish")
             deadline = None if timeout_s is None else started + timeout_s
-            summary = refine_and_polish(run, budget, on_trial, deadline)
+            summary = refine_and_polish(run, budget, on_trial, deadline, p.phase)
             progress.update(task, total=progress.tasks[task].completed)
     if summary is not None:
         err.print(summary, markup=False, soft_wrap=True)
@@ -163,7 +164,8 @@ def finish(
     if hold is not None:
         plan = HoldPlan(hold, plan.draws, plan.extension_cap)
     pick = pick_to_hold(study, scenario)
-    held = hold_pick(p.runner, study, scenario, pick, plan) if pick and plan.factor else None
+    with p.phase("hold"):
+        held = hold_pick(p.runner, study, scenario, pick, plan) if pick and plan.factor else None
     snapshot(study, scenario, p.storage)
     snap = latest_snapshot(p.storage, study.study_name)
     assert snap is not None, "snapshot() has just saved one"
@@ -201,13 +203,15 @@ def finish(
         study.set_user_attr(
             RANGE_EDGES, {"trial": best.number, "messages": [e.message() for e in edges]}
         )
-    write_html(p, outputs)
+    with p.phase("report"):
+        write_html(p, outputs)
     if best is None:
         this_run = [r.number for r in reports]
         closest = closest_miss(study, this_run)
         for line in [closest] if closest is not None else why_nothing_met(study, this_run):
             out.print(line, markup=False, soft_wrap=True)
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
+        err.print(p.where_the_time_went(), markup=False, soft_wrap=True)
         sys.exit(EXIT_NO_FEASIBLE)
     with _writing("--export", export_path, study, "export"):
         export_trial(study, best, export_path)
@@ -217,3 +221,4 @@ def finish(
         out.print(compared, markup=False, soft_wrap=True)
     for edge in edges:
         out.print(f"note: the best {edge.message()}", markup=False, soft_wrap=True)
+    err.print(p.where_the_time_went(), markup=False, soft_wrap=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -367,20 +368,24 @@ def refine_and_polish(
     budget: int,
     on_trial: Callable[[TrialReport], None] = lambda report: None,
     deadline: float | None = None,
+    phase: Callable[[str], AbstractContextManager[None]] = lambda name: nullcontext(),
 ) -> str:
     """After a study's trials, at most `budget` more before `deadline`: each compared arm
     searched (refine_arms, ARM_TRIALS each at most, leaving a share for the pick), then the
     pick polished, then with what is left the trailing deployment's pick. What ran, in one
-    line for the console. A grid measures its points itself: nothing runs after it."""
+    line for the console. A grid measures its points itself: nothing runs after it. `phase`
+    times the arms and the polish."""
     if isinstance(run.study.sampler, optuna.samplers.GridSampler):
         return "polish: none after a grid, which measured every point it has"
     polisher = Polisher(run, on_trial, deadline)
     compared = arms(run)
     per_arm = min(ARM_TRIALS, budget // (len(compared) + 1))
-    refined = polisher.refine_arms(compared, per_arm) if per_arm else 0
-    polished = polisher.polish(budget - refined)
-    left = budget - refined - polished.trials
-    trailing = polisher.polish_trailing_deployment(compared, left) if per_arm else ""
+    with phase("arms"):
+        refined = polisher.refine_arms(compared, per_arm) if per_arm else 0
+    with phase("polish"):
+        polished = polisher.polish(budget - refined)
+        left = budget - refined - polished.trials
+        trailing = polisher.polish_trailing_deployment(compared, left) if per_arm else ""
     if not per_arm:
         return polished.summary()
     return (

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -45,6 +47,21 @@ class Prepared:
     quality: QualityBook | None = None  # each trial's quality figure
     notes: tuple[str, ...] = ()  # for the console, beside the space's
     new_sampler: Callable[[int], optuna.samplers.BaseSampler] = tpe  # StudyRun's
+    # Wall seconds of each phase of the run (study, arms, polish, hold, outputs), in order:
+    # the console's last line.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
+
+    def where_the_time_went(self) -> str:
+        shown = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases.items())
+        return f"time: {shown} ({sum(self.phases.values()):.1f} s in all)"
 
 
 def user_file(value: str | Path | None) -> Path | None:
@@ -141,10 +158,10 @@ def prepare(
     space = SearchSpace.load(runner.engine, space_path).fit_workload(
         chosen.workload, f"--scenario {scenario}"
     )
-    for field, what in (("burst", "a burst"), ("sessions", "sessions")):
-        if chips > 1 and getattr(chosen.workload, field) is not None:
+    for part, what in (("burst", "a burst"), ("sessions", "sessions")):
+        if chips > 1 and getattr(chosen.workload, part) is not None:
             raise InputError(
-                f"--chips: {what} (workload.{field} of --scenario {scenario}) is measured on "
+                f"--chips: {what} (workload.{part} of --scenario {scenario}) is measured on "
                 "one chip's load only; run it without --chips"
             )
     if chips > 1 and chosen.closed_loop and runner.name == "sim":
