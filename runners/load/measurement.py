@@ -62,7 +62,7 @@ number of samples they stand on; a p99 from fewer than 100 samples is flagged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -171,6 +171,30 @@ class Measurement:
     @property
     def sent(self) -> int:
         return int(self.send_s.size)
+
+
+def first_part(m: Measurement, records: int) -> Measurement:
+    """Its first `records` records (sent first): what a shorter horizon of the same load reads
+    (the inter-chunk gaps, pooled over requests, are left out)."""
+    part = slice(0, records)
+
+    def cut(values: np.ndarray | None) -> np.ndarray | None:
+        return None if values is None else values[part]
+
+    return replace(
+        m,
+        send_s=m.send_s[part],
+        first_token_s=m.first_token_s[part],
+        finish_s=m.finish_s[part],
+        input_tokens=m.input_tokens[part],
+        output_tokens=m.output_tokens[part],
+        ok=m.ok[part],
+        itl_s=None,
+        warmup=min(m.warmup, records),
+        burst_mask=cut(m.burst_mask),
+        planned_index=cut(m.planned_index),
+        due_s=cut(m.due_s),
+    )
 
 
 def _percentiles(name: str, samples: np.ndarray, qs: tuple[int, ...]) -> dict[str, Any]:

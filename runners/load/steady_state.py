@@ -43,6 +43,17 @@ RISING_TREND = 0.7  # 3-7% of steady customer-service windows exceed it, 93% of 
 SLOWING_RISE = 1.25
 
 
+# SLOs that are not percentiles a longer window could move (a burst load runs once, as
+# written): a window is judged on them whole, never on a part of it.
+JUDGED_WHOLE = ("success_rate", "sustained", "burst_ttft_p99", "burst_recovered")
+
+
+def percentiles_met(metrics: dict[str, Any], sla: SLA) -> bool:
+    """Whether every percentile SLO (TTFT p99, TPOT p99) meets its bound."""
+    constraints = constraint_values(metrics, sla)
+    return all(value <= 0 for name, value in constraints.items() if name not in JUDGED_WHOLE)
+
+
 def settle_margin(measured: int) -> float:
     """How near its bound a percentile SLO's figure leaves a window unsettled, relative to the
     bound, for a window of `measured` requests after its warm-up."""
@@ -61,9 +72,7 @@ def slowing(metrics: dict[str, Any]) -> bool:
 def unsettled(metrics: dict[str, Any], sla: SLA, meets_sla: bool, margin: float) -> str | None:
     """Why a whole window's verdict could be the accident of its horizon; None when settled."""
     constraints = constraint_values(metrics, sla)
-    # Not percentiles that a longer window could move: a burst load runs once, as written.
-    judged_whole = ("success_rate", "sustained", "burst_ttft_p99", "burst_recovered")
-    percentiles = {name for name in constraints if name not in judged_whole}
+    percentiles = {name for name in constraints if name not in JUDGED_WHOLE}
     if meets_sla:
         close = [name for name in percentiles if constraints[name] >= -margin]
         trend = metrics.get("ttft_trend")
