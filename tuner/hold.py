@@ -5,8 +5,8 @@ A capacity search judges each rate on a window of the scenario's size, extended 
 not settled; a rate a hair above what the engine sustains can pass it, and near saturation a
 longer run's p99 wanders past the bound (code-generation's export held 16x its requests and
 read a TTFT p99 of 3,094 ms against 1,500 at 32x). So the pick is held at `factor` times the
-scenario's requests (the simulator: 64x) on each of `draws` arrival draws (the simulator: 3,
-the search's own and two fresh), each window extended while unsettled up to `extension_cap`
+scenario's requests (the simulator: 64x) on each of `draws` arrival draws (the simulator: 6,
+the search's own and five fresh), each window extended while unsettled up to `extension_cap`
 times that, and a window unsettled at the cap is a miss, as in the search (runners.load
 .steady_state); the first half of a window that meets has to meet as well (two successive
 horizons agree). A claim that misses is lowered one step of the search's grid at a time (at most
@@ -19,7 +19,13 @@ the study has no newer trial, so the front, the report and the export name the s
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import optuna
@@ -45,7 +51,11 @@ class HoldPlan:
     extension_cap: int = 2  # an unsettled window doubles up to this many times its start
 
 
-SIM_HOLD = HoldPlan(factor=64, draws=3)  # seconds a rate on the simulator
+# The simulator: seconds a rate, its draws spread over the cores. Three draws let a config at
+# its knee through: code-generation's export held 10.37 req/s on draws 0-2 (TTFT p99 957-1,050
+# ms against 1,500), and 4 of 12 draws miss there (up to 2,175 ms); one grid step below, all
+# 12 read 531-682 ms.
+SIM_HOLD = HoldPlan(factor=64, draws=6)
 REAL_HOLD = HoldPlan(factor=4, draws=1, extension_cap=1)  # a real engine: minutes, once per run
 # The figures a hold keeps of each rate it tried: the worst over its draws.
 WORST_HIGH = ("ttft_p99_ms", "tpot_p99_ms")
@@ -59,36 +69,66 @@ def _drawn(scenario: Scenario, draw: int) -> Scenario:
     return scenario.model_copy(update={"workload": scenario.at_rate(scenario.nominal_rate, draw)})
 
 
-def _hold_rate(session: Session, scenario: Scenario, rate: float, plan: HoldPlan) -> dict:
-    """One rate on each draw in turn, until one misses: its record."""
-    draws: list[dict[str, Any]] = []
-    for draw in range(plan.draws):
-        step = step_at(
-            session,
-            _drawn(scenario, draw),
-            rate,
-            scenario.load.early_rejection,
-            factor=plan.factor,
-            extension_cap=plan.extension_cap,
-        )
-        row = {key: step.metrics.get(key) for key in WORST_HIGH + WORST_LOW}
-        row |= {"draw": draw, "requests": step.measurement.sent, "meets": step.meets_sla}
-        row |= {"windows": step.windows, "settled": step.unsettled is None}
-        if step.meets_sla and scenario.workload.burst is None:
-            # The horizon half as long has to agree: near saturation one queue excursion can
-            # be 1% of a window but not of one twice as long (code-generation's export read
-            # 977 ms on 64x its requests and 1,598 on their first half, against 1,500).
-            # Its percentiles: the delivered share of a part is not the load's.
-            half = first_part(step.measurement, step.measurement.sent // 2)
-            metrics = summarize(half, scenario.sla)
-            row["half_ttft_p99_ms"] = metrics.get("ttft_p99_ms")
-            row["meets"] = percentiles_met(metrics, scenario.sla)
-        fault = step.measurement.fault
-        if fault is not None:
-            row["fault"] = f"{fault.kind}: {fault.message}"[:300]
-        draws.append(row)
-        if not row["meets"]:
-            break
+def _draw(session: Session, scenario: Scenario, rate: float, plan: HoldPlan, draw: int) -> dict:
+    """One rate on one arrival draw: the record of its judged window."""
+    step = step_at(
+        session,
+        _drawn(scenario, draw),
+        rate,
+        scenario.load.early_rejection,
+        factor=plan.factor,
+        extension_cap=plan.extension_cap,
+    )
+    row = {key: step.metrics.get(key) for key in WORST_HIGH + WORST_LOW}
+    row |= {"draw": draw, "requests": step.measurement.sent, "meets": step.meets_sla}
+    row |= {"windows": step.windows, "settled": step.unsettled is None}
+    if step.meets_sla and scenario.workload.burst is None:
+        # The horizon half as long has to agree: near saturation one queue excursion can be
+        # 1% of a window but not of one twice as long. Judged on its percentiles: the
+        # delivered share of a part is not the load's.
+        half = first_part(step.measurement, step.measurement.sent // 2)
+        metrics = summarize(half, scenario.sla)
+        row["half_ttft_p99_ms"] = metrics.get("ttft_p99_ms")
+        row["meets"] = percentiles_met(metrics, scenario.sla)
+    fault = step.measurement.fault
+    if fault is not None:
+        row["fault"] = f"{fault.kind}: {fault.message}"[:300]
+    return row
+
+
+def _simulated_draw(
+    runner: Runner, config: dict, scenario: Scenario, rate: float, plan: HoldPlan, draw: int
+) -> dict:
+    """_draw in a worker process, on an engine of its own (a simulated one costs nothing to
+    start)."""
+    with runner.session(config, scenario.workload) as session:
+        return _draw(session, scenario, rate, plan, draw)
+
+
+class _Draws:
+    """A rate's draws for one config: in this process on its one session, one after another
+    until one misses (a real engine); or, on the simulator, spread over worker processes, one
+    per core, every draw run. Each draw's requests are fixed by its seed, so which worker ran
+    it changes nothing."""
+
+    def __init__(self, session: Session, runner: Runner, config: dict, pool: Executor | None):
+        self.session, self.runner, self.config, self.pool = session, runner, config, pool
+
+    def run(self, scenario: Scenario, rate: float, plan: HoldPlan) -> list[dict]:
+        if self.pool is not None:
+            work = partial(_simulated_draw, self.runner, self.config, scenario, rate, plan)
+            return list(self.pool.map(work, range(plan.draws)))
+        rows: list[dict[str, Any]] = []
+        for draw in range(plan.draws):
+            rows.append(_draw(self.session, scenario, rate, plan, draw))
+            if not rows[-1]["meets"]:
+                break
+        return rows
+
+
+def _hold_rate(draws_of: _Draws, scenario: Scenario, rate: float, plan: HoldPlan) -> dict:
+    """One rate on each draw: its record, the worst draw's figures."""
+    draws = draws_of.run(scenario, rate, plan)
     load: dict[str, Any] = {"rate": rate, "meets": all(row["meets"] for row in draws)}
     load["requests"] = min(row["requests"] for row in draws)
     for key in WORST_HIGH:
@@ -109,6 +149,7 @@ def _hold_config(
     scenario: Scenario,
     trial: FrozenTrial,
     plan: HoldPlan,
+    pool: Executor | None,
     above: float | None = None,
 ) -> dict[str, Any]:
     """Hold `trial` from its claim down, one grid step at a time, to no rate at or below
@@ -120,9 +161,10 @@ def _hold_config(
     held = None
     start = scenario.model_copy(update={"workload": scenario.at_rate(claimed)})
     with runner.session(config, start.workload) as session:  # one engine for every rate tried
+        draws = _Draws(session, runner, config, pool)
         for _ in range(MAX_STEPS_DOWN + 1 if scenario.load.mode == "capacity" else 1):
             assert rate is not None
-            loads.append(_hold_rate(session, scenario, rate, plan))
+            loads.append(_hold_rate(draws, scenario, rate, plan))
             if loads[-1]["meets"]:
                 held = rate
                 break
@@ -165,15 +207,16 @@ def hold_pick(
     """Hold `trial` (the pick) at its claimed capacity (a fixed-load study: its nominal rate);
     lower a claim that misses, then hold the configs it passed over; the config that held the
     highest rate is the hold's `trial`. Kept as the study's HOLD_ATTR."""
-    pick = _hold_config(runner, study, scenario, trial, plan)
-    held = [pick]
-    searched = scenario.load.mode == "capacity" and scenario.pick == "max-throughput"
-    if searched and pick["held_rate"] != pick["claimed_rate"]:
-        for rival in _rivals(study, trial, pick["held_rate"]):
+    with _pool(runner, plan) as pool:
+        pick = _hold_config(runner, study, scenario, trial, plan, pool)
+        held = [pick]
+        searched = scenario.load.mode == "capacity" and scenario.pick == "max-throughput"
+        lowered = searched and pick["held_rate"] != pick["claimed_rate"]
+        for rival in _rivals(study, trial, pick["held_rate"]) if lowered else []:
             best = max((h["held_rate"] for h in held if h["held_rate"] is not None), default=None)
             if best is not None and rival.user_attrs["capacity_rate"] <= best:
                 break
-            held.append(_hold_config(runner, study, scenario, rival, plan, best))
+            held.append(_hold_config(runner, study, scenario, rival, plan, pool, best))
     # The highest rate held; at the same rate, the one held first (the better claim).
     chosen = max(held, key=lambda h: -1.0 if h["held_rate"] is None else h["held_rate"])
     complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
@@ -187,6 +230,17 @@ def hold_pick(
     }
     study.set_user_attr(HOLD_ATTR, result)
     return result
+
+
+@contextmanager
+def _pool(runner: Runner, plan: HoldPlan) -> Iterator[Executor | None]:
+    """Worker processes for the simulator's draws, one per core (None: draws run here)."""
+    workers = min(plan.draws, os.cpu_count() or 1)
+    if runner.name != "sim" or workers < 2:
+        yield None
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        yield pool
 
 
 def pick_to_hold(study: optuna.Study, scenario: Scenario) -> FrozenTrial | None:
