@@ -108,5 +108,5 @@ def test_a_claim_nothing_holds_is_exported_unheld_and_sizes_no_fleet():
     result = hold_pick(runner, study, scenario, trial, HoldPlan(2, 1))
     assert result["held_rate"] is None and len(result["loads"]) == 5
     metrics = {"capacity_rate": found * 3, "capacity_rps": found * 3, "instances_for_peak": 2}
-    held = _held(metrics, result, peak_rate=10.0)
+    held = _held(metrics, result, 10.0, scenario.workload)
     assert held["capacity_unheld"] is True and held["instances_for_peak"] is None

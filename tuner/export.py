@@ -16,15 +16,16 @@ from pydantic import BaseModel, ConfigDict
 import tuner
 from objectives.scenario import Scenario, Workload
 from objectives.userfile import load_yaml
+from runners.load.capacity import sustained_tokens_per_s
 from search_spaces.deployment import deployment_label, is_disaggregated
 from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
 from search_spaces.knobs import KNOBS, LLAMACPP_GGUF_TYPES, render
 from tuner.cost import CHIP_COST_ATTR, cost_figures
 from tuner.export_pd import pd_forms, replicated
-from tuner.hold import HOLD_ATTR, held_capacity
+from tuner.hold import held_capacity
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
-from tuner.study import CAPACITY_HINT, PRUNE_BELOW, REPEATS_ATTR, trial_knobs
+from tuner.study import CAPACITY_HINT, HOLD_ATTR, PRUNE_BELOW, REPEATS_ATTR, trial_knobs
 
 
 class ExportedConfig(BaseModel):
@@ -184,7 +185,14 @@ def capacity_summary(
         # offered: the rate of the load that met every SLO; delivered: what it served
         "requests_per_s": metrics["capacity_rps"],
         "delivered_share": metrics.get("capacity_delivered_share"),
+        # what it sustains, as the pick rule ranks it: an open loop's rate times the mean
+        # output length (runners.load.capacity.sustained_tokens_per_s); then as measured
         "output_tokens_per_s": metrics["capacity_output_tokens_per_s"],
+        **(
+            {"measured_output_tokens_per_s": metrics["capacity_measured_output_tokens_per_s"]}
+            if "capacity_measured_output_tokens_per_s" in metrics
+            else {}
+        ),
         "ttft_p99_ms": metrics.get("capacity_ttft_p99_ms"),
         "tpot_p99_ms": metrics.get("capacity_tpot_p99_ms"),
         "at_ceiling": metrics.get("capacity_at_ceiling", False),
@@ -224,7 +232,7 @@ def build_export(
     with. `identity` holds "chips" for a study on a chip budget. A `hold` (tuner.hold) that
     lowered the claim gives the capacity figures of the rate that held."""
     chips = int(identity["chips"]) if "chips" in identity else None
-    measured, metrics = metrics, _held(metrics, hold, peak_rate)
+    measured, metrics = metrics, _held(metrics, hold, peak_rate, workload)
     return ExportedConfig(
         autotune_version=tuner.__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -270,7 +278,10 @@ def build_export(
 
 
 def _held(
-    metrics: dict[str, Any], hold: dict[str, Any] | None, peak_rate: float | None
+    metrics: dict[str, Any],
+    hold: dict[str, Any] | None,
+    peak_rate: float | None,
+    workload: Workload,
 ) -> dict[str, Any]:
     """The trial's capacity figures replaced by those of the rate its hold held at, where the
     hold lowered the claim."""
@@ -282,7 +293,10 @@ def _held(
     held = dict(metrics) | {
         "capacity_rate": load["rate"],
         "capacity_rps": load["requests_per_s"],
-        "capacity_output_tokens_per_s": load["output_tokens_per_s"],
+        "capacity_output_tokens_per_s": sustained_tokens_per_s(
+            workload, load["rate"], load["output_tokens_per_s"]
+        ),
+        "capacity_measured_output_tokens_per_s": load["output_tokens_per_s"],
         "capacity_ttft_p99_ms": load["ttft_p99_ms"],
         "capacity_tpot_p99_ms": load["tpot_p99_ms"],
         "capacity_delivered_share": load["delivered_share"],

@@ -179,12 +179,15 @@ def _hold_config(
 def _rivals(study: optuna.Study, pick: FrozenTrial, below: float | None) -> list[FrozenTrial]:
     """Feasible configs other than the pick whose claims lie above what the pick held, ranked
     as the pick rule ranks them (the claim, then throughput, then TTFT). A config alike to one
-    already chosen (the same claim, TTFT and throughput: knobs this workload never reaches,
-    such as a prefill budget no step fills) is left out: its loads are that one's loads."""
+    already chosen (the same claim, nominal TTFT and measured capacity throughput, to the
+    float: knobs this workload never reaches, such as a prefill budget no step fills) is left
+    out: its loads are that one's loads."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
-    def figures(trial: FrozenTrial) -> tuple[float, float, float]:
-        return (trial.user_attrs.get("capacity_rate") or 0.0, trial.values[1], trial.values[0])
+    def figures(trial: FrozenTrial) -> tuple[float, float, float, float]:
+        attrs = trial.user_attrs
+        measured = attrs.get("capacity_measured_output_tokens_per_s", trial.values[1])
+        return (attrs.get("capacity_rate") or 0.0, trial.values[1], trial.values[0], measured)
 
     seen = [figures(pick)]
     rivals = []

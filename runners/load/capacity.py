@@ -35,10 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from objectives.scenario import SLA, Scenario
+from objectives.scenario import SLA, Closed, Scenario, Workload
 from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner, Session
 from runners.load.bracket import Search
+from runners.load.draws import mean_length
 from runners.load.measurement import Fault, summarize, warmup_requests
 from runners.load.steady_state import RISING_TREND, settle_margin, slowing, unsettled
 from runners.load.step import Step
@@ -220,6 +221,19 @@ def _unit(scenario: Scenario) -> str:
     return "concurrency" if scenario.closed_loop else "req/s"
 
 
+def sustained_tokens_per_s(workload: Workload, rate: float | None, measured: float) -> float:
+    """The throughput a config sustains at `rate`, ranked by the pick rule, the ladder and
+    the deployment verdicts: for an open loop the offered rate times the workload's mean
+    output length. A load meeting the `sustained` SLO serves what it is offered, and what a
+    window reads beside that is its ramp and drain, which depend on the window's length, not
+    on the config: at 44.02 req/s one config read 5,428 tok/s on a 4,000-request window and a
+    config of the same capacity 4,872 on a 1,000-request one. A closed loop's rate is the
+    requests in flight: its throughput is the one measured."""
+    if rate is None or isinstance(workload.arrival, Closed):
+        return measured if rate is not None else 0.0
+    return rate * mean_length(workload.output_tokens)
+
+
 def _capacity_metrics(scenario: Scenario, search: Search) -> dict[str, Any]:
     highest_met, lowest_missed = search.highest_met, search.lowest_missed
     capacity_step = next(
@@ -227,13 +241,16 @@ def _capacity_metrics(scenario: Scenario, search: Search) -> dict[str, Any]:
     )
     floor, ceiling = scenario.rate_bounds
     capacity_metrics = capacity_step.metrics if capacity_step else None
+    measured_tokens = capacity_metrics["output_tokens_per_s"] if capacity_metrics else 0.0
     metrics: dict[str, Any] = {
         "capacity_rate": highest_met,  # req/s, or requests in flight for a closed loop
         "capacity_rate_unit": _unit(scenario),
         "capacity_rps": capacity_metrics["requests_per_s"] if capacity_metrics else 0.0,
-        "capacity_output_tokens_per_s": (
-            capacity_metrics["output_tokens_per_s"] if capacity_metrics else 0.0
+        "capacity_output_tokens_per_s": sustained_tokens_per_s(
+            scenario.workload, highest_met, measured_tokens
         ),
+        # as the load that decided it read it, ramp and drain included
+        "capacity_measured_output_tokens_per_s": measured_tokens,
         "capacity_ttft_p99_ms": capacity_metrics["ttft_p99_ms"] if capacity_metrics else None,
         "capacity_tpot_p99_ms": capacity_metrics["tpot_p99_ms"] if capacity_metrics else None,
         # what the engine kept up with at capacity, against what it was offered (the rate)
