@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -57,6 +58,12 @@ class HoldPlan:
 # 12 read 531-682 ms.
 SIM_HOLD = HoldPlan(factor=64, draws=6)
 REAL_HOLD = HoldPlan(factor=4, draws=1, extension_cap=1)  # a real engine: minutes, once per run
+# A rate every draw met still misses when the draws' spread puts a fresh draw's p99 past the
+# bound: their log-mean plus this many log standard deviations, about one fresh draw in 40
+# beyond it if the p99 spreads log-normally over draws. At its knee a config's p99 spreads
+# wide (code-generation at 10.37 req/s: 839-2,175 ms over 12 draws), one grid step below it
+# narrow (531-682).
+PREDICTION_SIGMAS = 2.0
 # The figures a hold keeps of each rate it tried: the worst over its draws.
 WORST_HIGH = ("ttft_p99_ms", "tpot_p99_ms")
 WORST_LOW = ("delivered_share", "requests_per_s", "output_tokens_per_s")
@@ -126,10 +133,45 @@ class _Draws:
         return rows
 
 
+def fresh_draw_p99(samples: list[float]) -> float | None:
+    """The p99 a fresh arrival draw may read, from the draws' own: their log-mean plus
+    PREDICTION_SIGMAS of their log spread (None: fewer than three)."""
+    logs = np.log([value for value in samples if value is not None and value > 0])
+    if logs.size < 3:
+        return None
+    return float(np.exp(logs.mean() + PREDICTION_SIGMAS * logs.std(ddof=1)))
+
+
+def _predicted_miss(draws: list[dict], scenario: Scenario) -> str | None:
+    """Why a fresh draw would likely miss a percentile bound the draws all met (None: it
+    would not, or too few draws to say). The TTFT samples are every window and its first
+    half (the 32x horizon of a 64x hold)."""
+    sla = scenario.sla
+    ttft = [row["ttft_p99_ms"] for row in draws] + [row.get("half_ttft_p99_ms") for row in draws]
+    bounds = [
+        ("TTFT", ttft, sla.ttft_p99_ms),
+        ("TPOT", [r["tpot_p99_ms"] for r in draws], sla.tpot_p99_ms),
+    ]
+    for name, samples, bound in bounds:
+        predicted = fresh_draw_p99(samples)
+        if bound is not None and predicted is not None and predicted > bound:
+            return (
+                f"{name} p99 on a fresh draw predicted {predicted:.0f} ms (the draws' "
+                f"{min(s for s in samples if s):.0f}-{max(s for s in samples if s):.0f} ms) "
+                f"against {bound:g}"
+            )
+    return None
+
+
 def _hold_rate(draws_of: _Draws, scenario: Scenario, rate: float, plan: HoldPlan) -> dict:
-    """One rate on each draw: its record, the worst draw's figures."""
+    """One rate on each draw: its record, the worst draw's figures. Meeting it on every draw
+    is not enough where their spread says a fresh one would miss (a rate at the knee)."""
     draws = draws_of.run(scenario, rate, plan)
     load: dict[str, Any] = {"rate": rate, "meets": all(row["meets"] for row in draws)}
+    if load["meets"]:
+        why = _predicted_miss(draws, scenario)
+        if why is not None:
+            load |= {"meets": False, "predicted_miss": why}
     load["requests"] = min(row["requests"] for row in draws)
     for key in WORST_HIGH:
         values = [row[key] for row in draws if row[key] is not None]
@@ -253,6 +295,8 @@ def pick_to_hold(study: optuna.Study, scenario: Scenario) -> FrozenTrial | None:
 
 def _tried(load: dict[str, Any]) -> str:
     figures = f" (TTFT p99 {load['ttft_p99_ms']:.0f} ms)" if load.get("ttft_p99_ms") else ""
+    if load.get("predicted_miss"):
+        figures = f" ({load['predicted_miss']})"
     return f"{load['rate']:.4g} {'holds' if load['meets'] else 'misses'}{figures}"
 
 
