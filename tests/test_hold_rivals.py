@@ -96,8 +96,19 @@ def test_a_lowered_pick_gives_way_to_a_tied_config_that_holds_its_claim():
     pick = result["held"][0]  # the highest grid point at or below what it sustains
     assert pick["held_rate"] <= 11.5 < pick["held_rate"] * 2 ** (1 / 16)
     assert runner.log["slow"] == []
-    # every output names the config that held: best_trial follows the hold
+    # every output names the config that held: best_trial follows the hold, while the pick it
+    # held is still the study's pick and the study has no newer trial
     assert best_trial(study, SCENARIO).number == rival.number
+    assert best_trial(study, SCENARIO, held=False).number == result["picked"]
+    study.set_user_attr("hold", result | {"picked": trial_named(study, "slow").number})
+    assert best_trial(study, SCENARIO).number == result["picked"]  # a hold of another pick
+    study.set_user_attr("hold", result)
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=[90.0, 10.0], user_attrs={"knobs": {"name": "new"}}, constraints={"0": 1.0}
+        )
+    )
+    assert best_trial(study, SCENARIO).number == result["picked"]  # a newer trial: stale
 
 
 def test_a_rival_is_held_no_lower_than_what_held_already():

@@ -252,10 +252,19 @@ def hold_pick(
     """Hold `trial` (the pick) at its claimed capacity (a fixed-load study: its nominal rate);
     lower a claim that misses, then hold the configs it passed over; the config that held the
     highest rate is the hold's `trial`. Kept as the study's HOLD_ATTR."""
+    # Counted first: a trial another worker finishes meanwhile was no candidate, and makes
+    # the choice stale (as tuner.repeats counts).
+    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     with _pool(runner, plan) as pool:
         pick = _hold_config(runner, study, scenario, trial, plan, pool)
         held = [pick]
-        searched = scenario.load.mode == "capacity" and scenario.pick == "max-throughput"
+        # Rivals only where a higher rate is a higher throughput: an open loop's (a closed
+        # loop's rate is requests in flight), under a max-throughput pick.
+        searched = (
+            scenario.load.mode == "capacity"
+            and scenario.pick == "max-throughput"
+            and not scenario.closed_loop
+        )
         lowered = searched and pick["held_rate"] != pick["claimed_rate"]
         for rival in _rivals(study, trial, pick["held_rate"]) if lowered else []:
             best = max((h["held_rate"] for h in held if h["held_rate"] is not None), default=None)
@@ -264,7 +273,6 @@ def hold_pick(
             held.append(_hold_config(runner, study, scenario, rival, plan, pool, best))
     # The highest rate held; at the same rate, the one held first (the better claim).
     chosen = max(held, key=lambda h: -1.0 if h["held_rate"] is None else h["held_rate"])
-    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     result = chosen | {
         "picked": trial.number,
         "factor": plan.factor,

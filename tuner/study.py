@@ -417,13 +417,18 @@ def best_trial(
     """The pick rule's choice on the feasible front; with `held`, the config the hold
     exported, and with `repeated`, the pick tuner.repeats made on the worst of repeated
     measurements, where they still stand."""
-    for attr, name, follow in ((HOLD_ATTR, "trial", held), (REPEATS_ATTR, "pick", repeated)):
-        decided: dict[str, Any] | None = study.user_attrs.get(attr) if follow else None
-        if decided is None or "complete_trials" not in decided:
-            continue
+    hold = study.user_attrs.get(HOLD_ATTR) if held else None
+    if hold is not None and "complete_trials" in hold:
+        # The hold's choice, where it held the pick the study would make without it.
+        unheld = best_trial(study, scenario, repeated, held=False)
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if hold["complete_trials"] == len(done) and unheld and hold["picked"] == unheld.number:
+            return next(t for t in done if t.number == hold["trial"])
+    decided: dict[str, Any] | None = study.user_attrs.get(REPEATS_ATTR) if repeated else None
+    if decided is not None:
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if decided["complete_trials"] == len(done):
-            return next(t for t in done if t.number == decided[name])
+            return next(t for t in done if t.number == decided["pick"])
     front = feasible_front(study)
     key = pick_best(
         [(t.number, t.values[0], t.values[1]) for t in front], scenario.pick, scenario.tie_tolerance
