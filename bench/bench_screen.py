@@ -92,7 +92,8 @@ def proxy(seeds: int, budget: int) -> None:
     from testing.disaggregation import seed_customer_service
     from tuner.samplers import make_sampler
     from tuner.screen import Screen
-    from tuner.study import StudyRun, run_trial
+    from tuner.study import StudyRun
+    from tuner.trials import run_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     scenario = seed_customer_service()  # as its table was measured: no system prompt

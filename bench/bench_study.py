@@ -1,58 +1,122 @@
-"""Wall time of the default study, as a user runs it: `autotune --scenario customer-service`,
-and what the search after the study's trials costs: the same run with `--polish 0` (no arm
-refinement, no polish) beside it, and their ratio. `--repeat N` alternates the two N times
-and prints the medians (this machine is shared: one pair of runs moves by 10%).
+"""The main job's wall and CPU time, as a user runs it (`autotune --scenario NAME`, its
+defaults), beside an older revision of the code in the same run, and the export each writes.
 
-python bench/bench_study.py [scenario ...] [--repeat N]
+For each scenario: the old tree (`--old`, a git revision, extracted with git archive), this
+tree on every core, and this tree with AUTOTUNE_SIM_PROCESSES=1 (its batches on one process:
+the same study, so the same export, is the claim). Each line prints the wall and CPU seconds
+(the children's included), the job's own `time:` line, the exported capacity, and a hash of
+the export less its wall-clock fields. `--repeat N` alternates them N times and prints the
+medians (this machine is shared: one run moves by 10%).
+
+python bench/bench_study.py [scenario ...] [--old REV] [--seed N] [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
+import resource
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from pathlib import Path
 
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = 60.0
+# Fields that differ between two runs of one study: when and where it ran, and how long.
+WALL_CLOCK = ("exported_at", "created_at", "worker", "runner_search_s")
 
 
-def _run(scenario: str, *extra: str) -> tuple[float, str]:
+def _export_hash(path: Path) -> tuple[str, str]:
+    if not path.exists():
+        return "-", "none"
+    exported = yaml.safe_load(path.read_text())
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in WALL_CLOCK}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    capacity = (exported.get("capacity") or {}).get("rate")
+    digest = hashlib.sha256(yaml.safe_dump(strip(exported)).encode()).hexdigest()[:12]
+    return f"{capacity:.4g} req/s" if capacity else "-", digest
+
+
+def _run(tree: Path, scenario: str, seed: int, env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory() as work:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         result = subprocess.run(
-            [sys.executable, "-m", "tuner", "--scenario", scenario, "--no-html", *extra],
+            [sys.executable, "-m", "tuner", "--scenario", scenario, "--seed", str(seed)]
+            + ["--no-html"],
             cwd=work,
             capture_output=True,
             text=True,
+            env=os.environ | {"PYTHONPATH": str(tree)} | env,
         )
         wall = time.perf_counter() - start
-    status = {0: "ok", 3: "no feasible config"}.get(result.returncode, f"exit {result.returncode}")
-    return wall, status
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        capacity, digest = _export_hash(Path(work) / "best-config.yaml")
+    timeline = [line for line in result.stderr.splitlines() if line.startswith("time:")]
+    return {
+        "wall": wall,
+        "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "status": {0: "ok", 3: "no feasible config"}.get(
+            result.returncode, f"exit {result.returncode}"
+        ),
+        "time": timeline[-1] if timeline else "",
+        "capacity": capacity,
+        "hash": digest,
+    }
+
+
+def _extract(revision: str, into: Path) -> None:
+    archive = into / "tree.tar"
+    subprocess.run(["git", "archive", "-o", str(archive), revision], cwd=ROOT, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenarios", nargs="*", default=["customer-service"])
+    parser.add_argument("--old", default="34a9ab5", help="the revision to compare against")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    for scenario in args.scenarios:
-        walls, bares, statuses = [], [], set()
-        for _ in range(args.repeat):
-            wall, status = _run(scenario)
-            bare, _ = _run(scenario, "--polish", "0")
-            walls.append(wall)
-            bares.append(bare)
-            statuses.add(status)
-        wall, bare = statistics.median(walls), statistics.median(bares)
-        runs = f" (median of {args.repeat}: {', '.join(f'{w:.1f}' for w in walls)})"
-        print(
-            f"{scenario:20} default study (50 trials, then arms and polish): {wall:6.1f} s wall"
-            f"{runs if args.repeat > 1 else ''}, {wall / BUDGET_S:.2f} of the one-minute "
-            f"budget, {'/'.join(sorted(statuses))}; with --polish 0 {bare:6.1f} s "
-            f"({wall / bare:.2f}x)"
-        )
+    with tempfile.TemporaryDirectory() as old_dir:
+        old = Path(old_dir)
+        _extract(args.old, old)
+        variants = [
+            (f"old ({args.old})", old, {}),
+            ("new", ROOT, {}),
+            ("new, 1 process", ROOT, {"AUTOTUNE_SIM_PROCESSES": "1"}),
+        ]
+        for scenario in args.scenarios:
+            runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
+            for _ in range(args.repeat):
+                for name, tree, env in variants:
+                    runs[name].append(_run(tree, scenario, args.seed, env))
+            for name, _, _ in variants:
+                wall = statistics.median(r["wall"] for r in runs[name])
+                cpu = statistics.median(r["cpu"] for r in runs[name])
+                last = runs[name][-1]
+                print(
+                    f"{scenario:20} {name:18} {wall:6.1f} s wall ({wall / BUDGET_S:.2f} of the "
+                    f"minute), {cpu:6.1f} s CPU, {last['status']}; export {last['capacity']} "
+                    f"#{last['hash']}; {last['time']}",
+                    flush=True,
+                )
+            same = runs["new"][-1]["hash"] == runs["new, 1 process"][-1]["hash"]
+            print(f"{scenario:20} every core and one process export the same: {same}", flush=True)
 
 
 if __name__ == "__main__":

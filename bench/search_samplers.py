@@ -33,7 +33,8 @@ from objectives.scoring import DIRECTIONS, is_feasible
 from runners.sim.runner import SimRunner
 from tuner.samplers import make_sampler, resolve
 from tuner.storage import open_storage
-from tuner.study import StudyRun, create_study, optimize, record_constraints
+from tuner.study import StudyRun, create_study
+from tuner.trials import optimize, record_constraints
 
 SAMPLER_ALIASES = {"default": "engine-default"}
 

@@ -12,7 +12,8 @@ from runners.quality import quality_pair
 from tests.conftest import run_autotune
 from tuner.one_chip import seed_co_located
 from tuner.prepare import prepare
-from tuner.study import MIN_ARM_TRIALS, ONE_CHIP_TRIALS, StudyRun, optimize
+from tuner.study import MIN_ARM_TRIALS, ONE_CHIP_TRIALS, StudyRun
+from tuner.trials import optimize
 
 
 def _study(tmp_path: Path) -> optuna.Study:

@@ -165,6 +165,25 @@ def test_draws_that_all_meet_but_spread_wide_are_a_miss():
     assert result["held_rate"] is not None and result["held_rate"] <= 11.0
 
 
+def test_after_repeats_only_the_configs_they_measured_are_held_as_rivals():
+    """A real engine's pick made on the worst of repeats (tuner.repeats) gives way only to a
+    config those repeats measured: "other" also claimed 12 and would hold it, but one draw of
+    an unrepeated config is no evidence against repeated ones, and the export would have no
+    repeats to state for it."""
+    runner = PlantedRunner(
+        {"pick": {0: 11.5}, "other": {0: 12.5}, "rival": {0: 12.5}, "slow": {0: 10.0}}
+    )
+    study = study_of({"pick": 12.0, "other": 12.0, "rival": 12.0})
+    measured = [trial_named(study, name).number for name in ("pick", "rival")]
+    study.set_user_attr(
+        "repeats",
+        {"pick": measured[0], "complete_trials": 3, "trials": {str(n): {} for n in measured}},
+    )
+    result = hold_pick(runner, study, SCENARIO, trial_named(study, "pick"), HoldPlan(2, 1))
+    assert runner.log["other"] == []
+    assert result["trial"] == trial_named(study, "rival").number
+
+
 def test_a_claim_that_holds_stands_and_no_rival_is_held():
     runner = PlantedRunner({"pick": {0: 20.0}, "rival": {0: 30.0}})
     study = study_of({"pick": 12.0, "rival": 12.0})

@@ -36,8 +36,8 @@ from tuner.study import (
     StudyRun,
     best_trial,
     create_study,
-    optimize,
 )
+from tuner.trials import optimize
 
 
 def test_a_categorical_knob_steps_to_each_other_value():

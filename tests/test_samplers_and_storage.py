@@ -17,7 +17,8 @@ from search_spaces.space import SearchSpace
 from tests.conftest import require_module, run_autotune, small_scenario
 from tuner.samplers import SAMPLERS, describe, make_sampler
 from tuner.storage import latest_snapshot, open_storage
-from tuner.study import StudyRun, create_study, optimize, snapshot
+from tuner.study import StudyRun, create_study, snapshot
+from tuner.trials import optimize
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

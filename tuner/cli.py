@@ -18,6 +18,7 @@ from tuner.cli_run import finish, tune
 from tuner.console import err
 from tuner.nightly_command import nightly_cmd
 from tuner.one_chip import seed_co_located, wants_one_chip_first
+from tuner.parallel import sim_processes
 from tuner.prepare import prepare, report_outputs
 from tuner.sim_commands import calibrate_cmd, profile_hardware_cmd
 from tuner.study_commands import export_cmd, history, pareto, report_cmd, scenarios
@@ -116,6 +117,7 @@ def main() -> None:
     )
     _interrupt_on_sigterm()
     try:
+        sim_processes()  # a bad AUTOTUNE_SIM_PROCESSES is refused before a study opens
         cli.main(standalone_mode=False)
     except InputError as error:
         err.print(

@@ -32,10 +32,10 @@ from tuner.study import (
     StudyRun,
     TrialReport,
     best_trial,
-    optimize,
     snapshot,
     trial_knobs,
 )
+from tuner.trials import optimize
 
 EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was exported
 

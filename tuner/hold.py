@@ -19,11 +19,7 @@ the study has no newer trial, so the front, the report and the export name the s
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -39,7 +35,8 @@ from runners.load.bracket import step_down
 from runners.load.capacity import step_at
 from runners.load.measurement import first_part, summarize
 from runners.load.steady_state import percentiles_met
-from tuner.study import HOLD_ATTR, best_trial, trial_knobs
+from tuner.parallel import sim_pool
+from tuner.study import HOLD_ATTR, REPEATS_ATTR, best_trial, trial_knobs
 
 MAX_STEPS_DOWN = 4
 MAX_RIVALS = 3  # configs held after a lowered pick, the best claims first
@@ -223,8 +220,13 @@ def _rivals(study: optuna.Study, pick: FrozenTrial, below: float | None) -> list
     as the pick rule ranks them (the claim, then throughput, then TTFT). A config alike to one
     already chosen (the same claim, nominal TTFT and measured capacity throughput, to the
     float: knobs this workload never reaches, such as a prefill budget no step fills) is left
-    out: its loads are that one's loads."""
+    out: its loads are that one's loads. Where tuner.repeats made the pick, only the configs
+    it measured again: one draw of an unrepeated config's hold is no evidence against the
+    worst of repeats (and the export states the repeats of the config it names)."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    repeated = study.user_attrs.get(REPEATS_ATTR)
+    if repeated is not None and repeated["complete_trials"] == len(done):
+        done = [t for t in done if str(t.number) in repeated["trials"]]
 
     def figures(trial: FrozenTrial) -> tuple[float, float, float, float]:
         attrs = trial.user_attrs
@@ -255,7 +257,7 @@ def hold_pick(
     # Counted first: a trial another worker finishes meanwhile was no candidate, and makes
     # the choice stale (as tuner.repeats counts).
     complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    with _pool(runner, plan) as pool:
+    with sim_pool(runner, plan.draws) as pool:
         pick = _hold_config(runner, study, scenario, trial, plan, pool)
         held = [pick]
         # Rivals only where a higher rate is a higher throughput: an open loop's (a closed
@@ -283,17 +285,6 @@ def hold_pick(
     }
     study.set_user_attr(HOLD_ATTR, result)
     return result
-
-
-@contextmanager
-def _pool(runner: Runner, plan: HoldPlan) -> Iterator[Executor | None]:
-    """Worker processes for the simulator's draws, one per core (None: draws run here)."""
-    workers = min(plan.draws, os.cpu_count() or 1)
-    if runner.name != "sim" or workers < 2:
-        yield None
-        return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        yield pool
 
 
 def pick_to_hold(study: optuna.Study, scenario: Scenario) -> FrozenTrial | None:

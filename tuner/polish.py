@@ -53,11 +53,11 @@ from tuner.study import (
     TrialReport,
     best_trial,
     has_running_trials,
-    optimize,
     propose_within,
     ran_config,
     unmeasured,
 )
+from tuner.trials import optimize
 
 # Default budgets: a simulated trial costs about a second, so the simulator polishes until no
 # neighbour wins (a climb's trial, its capacity searched from its neighbour's, a third of one);

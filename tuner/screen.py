@@ -27,7 +27,8 @@ from runners.sim.runner import SIM_ENGINES, SimRunner
 from search_spaces.space import SearchSpace
 from tuner.observations import study_observations
 from tuner.quality import QualityBook
-from tuner.study import STUDY_DIRECTIONS, StudyRun, run_trial
+from tuner.study import STUDY_DIRECTIONS, StudyRun
+from tuner.trials import run_trial
 
 SCREENS = ("sim",)
 CARRIED = 5  # configs a round starts from: the best measured for real, then the last round's best

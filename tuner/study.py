@@ -1,8 +1,8 @@
-"""The study loop: ask Optuna for a config, run it, score it, tell Optuna; snapshot the front."""
+"""A study: its creation, what its trials ran, its feasible front and pick, its snapshots
+(tuner.trials runs the trials)."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,24 +15,16 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives.scenario import Scenario
 from objectives.scoring import (
     DIRECTIONS,
-    constraint_values,
     is_feasible,
     objective_names,
-    objective_values,
     pick_best,
-    quality_constraint_values,
 )
 from runners.base import Runner
-from runners.load.capacity import evaluate
-from runners.load.measurement import Fault
 from search_spaces.space import SearchSpace
-from tuner.attrs import set_user_attrs
-from tuner.heartbeat import heartbeat, heartbeat_interval
-from tuner.interrupts import interrupts_deferred
-from tuner.quality import QualityBook, trial_figures
+from tuner.quality import QualityBook
 from tuner.quality_plan import default_book, default_scenario
 from tuner.samplers import tpe
-from tuner.storage import WORKER, claim_trial, ensure_budget, release_claim, save_snapshot
+from tuner.storage import ensure_budget, save_snapshot
 from tuner.study_guards import check_comparable
 
 CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization's key
@@ -115,127 +107,6 @@ def create_study(
     study.set_user_attr("identity", identity)
     ensure_budget(storage, name, len(study.trials))
     return study
-
-
-def _tell(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    values: list[float] | None = None,
-    state: TrialState | None = None,
-) -> None:
-    try:
-        study.tell(trial, values, state=state)
-    except RuntimeError as error:
-        # GridSampler ends a finished grid with Study.stop(), which works only inside optimize();
-        # Optuna stores the trial before that, and our loop stops on an exhausted grid itself.
-        if "Study.stop" not in str(error):
-            raise
-
-
-def _grid_exhausted(study: optuna.Study) -> bool:
-    sampler = study.sampler
-    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
-
-
-def _fail(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    config: dict,
-    fault: Fault,
-    attrs: dict[str, Any] | None = None,
-) -> TrialReport:
-    """End the trial FAIL with its cause (and `attrs`, what it measured before)."""
-    status = {"infeasible": "infeasible", "sla-violated": "violates-sla"}.get(fault.kind, "fail")
-    attrs = (attrs or {}) | {"status": status, "fault_kind": fault.kind, "fault": fault.message}
-    if fault.log_tail:
-        attrs["log_tail"] = fault.log_tail[-4000:]
-    set_user_attrs(trial, attrs)
-    _tell(study, trial, state=TrialState.FAIL)
-    return TrialReport(trial.number, config, status, reason=fault.message)
-
-
-def record_constraints(trial: optuna.Trial, constraints: dict[str, float]) -> None:
-    """The SLA as Optuna's trial constraints, in the list form of the `constraints` system
-    attribute: every sampler and `best_trials` read it, and so does optuna-dashboard 0.21, which
-    knows nothing of `set_constraint`'s per-key form. The names stay in `sla_constraints`."""
-    trial.storage.set_trial_system_attr(
-        trial._trial_id, CONSTRAINTS_ATTR, list(constraints.values())
-    )
-    trial.set_user_attr("sla_constraints", constraints)
-
-
-def run_trial(run: StudyRun, trial: optuna.Trial) -> TrialReport:
-    scenario, workload, book = run.scenario, run.scenario.workload, run.quality
-    assert book is not None, "StudyRun.__post_init__ gives every run a quality book"
-    config = run.space.suggest(trial)
-    trial.set_user_attr("knobs", config)
-    reasons = run.space.violations(config, workload) + run.runner.violations(config, workload)
-    if reasons:
-        return _fail(run.study, trial, config, Fault("infeasible", "; ".join(reasons)))
-    args = run.runner.engine_args(config, workload)
-    if args is not None:  # the export deploys exactly these (tuner/export.py)
-        trial.set_user_attr("engine_args", args)
-    book.before_session(config)
-    evaluation = evaluate(
-        run.runner,
-        config,
-        scenario,
-        on_session=book.session_hook(config),
-        capacity_hint=trial.user_attrs.get(CAPACITY_HINT),
-        prune_below=trial.user_attrs.get(PRUNE_BELOW),
-    )
-    # What the trial measured is written in one transaction (tuner.attrs), just before its end.
-    attrs = {f"runner_{key}": value for key, value in evaluation.extra.items()}
-    if evaluation.fault is not None:
-        # an early-rejected or failed load
-        attrs |= {f"partial_{key}": value for key, value in evaluation.partial.items()}
-        return _fail(run.study, trial, config, evaluation.fault, attrs)
-    metrics = evaluation.metrics
-    attrs |= metrics
-    if evaluation.pruned is not None:
-        set_user_attrs(trial, attrs | {"status": "pruned", "pruned": evaluation.pruned})
-        _tell(run.study, trial, state=TrialState.PRUNED)
-        return TrialReport(trial.number, config, "pruned", reason=evaluation.pruned)
-    values = objective_values(metrics, scenario)
-    if values is None:
-        first = evaluation.extra.get("first_error")
-        why = f"; first error: {first}" if first else ""
-        return _fail(
-            run.study,
-            trial,
-            config,
-            Fault(
-                "error",
-                f"no request succeeded at the nominal rate: no TTFT or throughput to report{why}",
-            ),
-            attrs,
-        )
-    quality = book.trial_attrs(config)
-    constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(
-        trial_figures(quality), scenario.quality
-    )
-    record_constraints(trial, constraints)
-    status = "feasible" if is_feasible(constraints) else "violates-sla"
-    set_user_attrs(trial, attrs | quality | {"status": status})
-    _tell(run.study, trial, list(values))
-    return TrialReport(trial.number, config, status, values)
-
-
-def _end_interrupted(
-    run: StudyRun, storage: optuna.storages.RDBStorage, trial: optuna.Trial | None
-) -> None:
-    """Wherever Ctrl-C landed (the sampler, the engine, our bookkeeping), the trial it cut
-    short ends FAIL "interrupted", not RUNNING until a later run fails it as stale; before a
-    trial existed, its claimed slot is given back."""
-    if trial is None:
-        release_claim(storage, run.study.study_name)
-    elif trial.storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-        _fail(
-            run.study,
-            trial,
-            trial.user_attrs.get("knobs", {}),
-            Fault("interrupted", "interrupted by the user"),
-        )
 
 
 # A deployment's next trial: the first of this many proposals that no trial ran.
@@ -323,8 +194,12 @@ def balance_deployments(run: StudyRun) -> None:
         return
     ran = {choice: 0 for choice in spec.choices}
     for t in trials:
-        if t.params.get("deployment") in ran:
-            ran[t.params["deployment"]] += 1
+        # A trial asked but not yet run (a batch's, tuner.trials) has its queued params only.
+        deployment = t.params.get(
+            "deployment", t.system_attrs.get("fixed_params", {}).get("deployment")
+        )
+        if deployment in ran:
+            ran[deployment] += 1
     counts = dict(ran)
     if "co-located" in counts:
         counts["co-located"] += study.user_attrs.get(ONE_CHIP_TRIALS, 0)
@@ -339,48 +214,6 @@ def balance_deployments(run: StudyRun) -> None:
 
 def has_running_trials(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-
-
-def optimize(
-    run: StudyRun,
-    trials: int,
-    timeout_s: float | None,
-    on_trial: Callable[[TrialReport], None] = lambda report: None,
-    study_total: int | None = None,
-) -> None:
-    """Run up to `trials` trials. With `study_total`, all workers of the study together run
-    exactly that many: each claims a slot first, and a worker that finds none left waits for
-    the others' running trials, since a dead worker's trial is failed and its slot given back."""
-    storage = run.storage
-    assert storage is not None, "only the screen's rounds run with no storage, and not here"
-    started = time.monotonic()
-    ran = 0
-    while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
-        optuna.storages.fail_stale_trials(run.study)
-        if claim_trial(storage, run.study.study_name, study_total):
-            trial = None
-            try:
-                if run.screen is not None:
-                    run.screen.propose(run.study)
-                balance_deployments(run)
-                with interrupts_deferred():  # ask() stores the trial RUNNING before we hold it
-                    trial = run.study.ask()
-                trial.set_user_attr("worker", WORKER)
-                with heartbeat(storage, trial):
-                    report = run_trial(run, trial)
-            except KeyboardInterrupt:
-                with interrupts_deferred():
-                    _end_interrupted(run, storage, trial)
-                raise
-            run.reports.append(report)
-            on_trial(report)
-            ran += 1
-            if _grid_exhausted(run.study):
-                break
-        elif has_running_trials(run.study):
-            time.sleep(min(1.0, heartbeat_interval(storage)))
-        else:
-            break
 
 
 def trial_knobs(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
