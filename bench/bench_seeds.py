@@ -84,8 +84,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.trials < 1 or args.remeasure < 2:
         parser.error("--trials must be at least 1 and --remeasure at least 2")
+    if args.keep is not None and args.keep.exists() and not args.keep.is_dir():
+        parser.error(f"--keep {args.keep}: not a folder")
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-seeds-"))
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--keep {work}: cannot create the folder: {error.strerror}")
     model = build_tiny_qwen2(work / "model")
     settings = llama_settings(
         engine_executable("llamacpp", ENGINES_DIR), model, work / "logs", work / "gguf"

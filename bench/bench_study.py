@@ -54,9 +54,9 @@ def _run(tree: Path, scenario: str, seed: int, env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory() as work:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
+        command = [sys.executable, "-m", "tuner", "--scenario", scenario, "--seed", str(seed)]
         result = subprocess.run(
-            [sys.executable, "-m", "tuner", "--scenario", scenario, "--seed", str(seed)]
-            + ["--no-html"],
+            [*command, "--no-html"],
             cwd=work,
             capture_output=True,
             text=True,

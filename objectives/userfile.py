@@ -185,7 +185,9 @@ def load_preset_or_file(folder: Traversable, name_or_path: str, model: type[M], 
         with resources.as_file(folder / f"{name_or_path}.yaml") as path:
             return load_yaml(path, model)
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or os.path.lexists(path):
+    # An empty name is no path: Path("") is the current directory.
+    named = bool(name_or_path.strip())
+    if named and (path.suffix in (".yaml", ".yml") or os.path.lexists(path)):
         return load_yaml(path, model)
     raise InputError(
         f"{unknown} {name_or_path!r}; presets: {', '.join(names)} (or the path of a YAML file)"

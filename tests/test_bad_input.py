@@ -76,6 +76,34 @@ def _quality_table(tmp: Path, edit) -> str:
 
 CASES = {
     "unknown scenario": (lambda tmp, sc: ["--scenario", "no-such-thing"], "customer-service"),
+    "a closed loop of 10^12 users": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: d["workload"].update(arrival={"kind": "closed", "concurrency": 10**12}),
+            ),
+        ],
+        "workload.arrival.closed.concurrency",
+    ),
+    # the battery: it ran, and no trial could meet a TPOT bound no request had a TPOT for
+    "a TPOT bound on one-token answers": (
+        lambda tmp, sc: [
+            "--scenario",
+            _scenario_with(
+                tmp,
+                sc,
+                lambda d: (
+                    d["workload"].update(output_tokens={"kind": "fixed", "value": 1})
+                    or d["sla"].update(tpot_p99_ms=50)
+                ),
+            ),
+        ],
+        "every answer is 1 token (workload.output_tokens)",
+    ),
+    # an empty name is no path (the battery: it read the current directory)
+    "empty scenario": (lambda tmp, sc: ["--scenario", ""], "--scenario: unknown scenario ''"),
     "missing scenario file": (
         lambda tmp, sc: ["--scenario", str(tmp / "nope.yaml")],
         "file not found",
@@ -963,3 +991,20 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_full_stdout_is_one_line_not_a_traceback(tmp_path: Path):
+    """The battery: `autotune scenarios` with stdout on a full device ended in an ENOSPC
+    traceback. /dev/full fails every write with ENOSPC."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "tuner", "scenarios"],
+            cwd=tmp_path,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0], result.stderr

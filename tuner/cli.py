@@ -3,6 +3,8 @@ subcommand, each in its own module."""
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import sys
 import time
@@ -109,6 +111,10 @@ for command in (
     cli.add_command(command)
 
 
+# A full disk or quota, wherever the write was (stdout, the database): one line, not a traceback.
+FULL_DEVICE = (errno.ENOSPC, errno.EDQUOT)
+
+
 def main() -> None:
     # Heartbeats are used with ask/tell on purpose (each trial runs in our own loop).
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -138,3 +144,14 @@ def main() -> None:
             soft_wrap=True,
         )
         sys.exit(2)
+    except OSError as error:
+        if error.errno not in FULL_DEVICE:
+            raise
+        # Python flushes stdout once more at exit, which would fail again with a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        err.print(
+            f"autotune: error: cannot write: {error.strerror}; finished trials are kept",
+            markup=False,
+            highlight=False,
+        )
+        sys.exit(1)

@@ -125,7 +125,9 @@ class _Draws:
         rows: list[dict[str, Any]] = []
         for draw in range(plan.draws):
             rows.append(_draw(self.session, scenario, rate, plan, draw))
-            if not rows[-1]["meets"]:
+            # A real engine stops at a miss (minutes a draw); the simulator runs every draw,
+            # as its pool does, so one process records what two would.
+            if not rows[-1]["meets"] and self.runner.name != "sim":
                 break
         return rows
 
@@ -257,22 +259,22 @@ def hold_pick(
     # Counted first: a trial another worker finishes meanwhile was no candidate, and makes
     # the choice stale (as tuner.repeats counts).
     complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    with sim_pool(runner, plan.draws) as pool:
-        pick = _hold_config(runner, study, scenario, trial, plan, pool)
-        held = [pick]
-        # Rivals only where a higher rate is a higher throughput: an open loop's (a closed
-        # loop's rate is requests in flight), under a max-throughput pick.
-        searched = (
-            scenario.load.mode == "capacity"
-            and scenario.pick == "max-throughput"
-            and not scenario.closed_loop
-        )
-        lowered = searched and pick["held_rate"] != pick["claimed_rate"]
-        for rival in _rivals(study, trial, pick["held_rate"]) if lowered else []:
-            best = max((h["held_rate"] for h in held if h["held_rate"] is not None), default=None)
-            if best is not None and rival.user_attrs["capacity_rate"] <= best:
-                break
-            held.append(_hold_config(runner, study, scenario, rival, plan, pool, best))
+    pool = sim_pool(runner, plan.draws)
+    pick = _hold_config(runner, study, scenario, trial, plan, pool)
+    held = [pick]
+    # Rivals only where a higher rate is a higher throughput: an open loop's (a closed
+    # loop's rate is requests in flight), under a max-throughput pick.
+    searched = (
+        scenario.load.mode == "capacity"
+        and scenario.pick == "max-throughput"
+        and not scenario.closed_loop
+    )
+    lowered = searched and pick["held_rate"] != pick["claimed_rate"]
+    for rival in _rivals(study, trial, pick["held_rate"]) if lowered else []:
+        best = max((h["held_rate"] for h in held if h["held_rate"] is not None), default=None)
+        if best is not None and rival.user_attrs["capacity_rate"] <= best:
+            break
+        held.append(_hold_config(runner, study, scenario, rival, plan, pool, best))
     # The highest rate held; at the same rate, the one held first (the better claim).
     chosen = max(held, key=lambda h: -1.0 if h["held_rate"] is None else h["held_rate"])
     result = chosen | {

@@ -9,12 +9,11 @@ study, one trial after another.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import contextmanager
 
 from objectives.userfile import InputError
 from runners.base import Runner
@@ -43,17 +42,24 @@ def _nothing() -> None:
     return None
 
 
-@contextmanager
-def sim_pool(runner: Runner, width: int) -> Iterator[Executor | None]:
-    """Up to `width` worker processes for a simulator's work; None (run it here) for a real
-    engine, one process, or a width of one."""
-    workers = min(width, sim_processes())
-    if runner.name != "sim" or workers < 2:
-        yield None
-        return
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_interrupts) as pool:
-        # Forked now, before any heartbeat thread of a trial runs (a fork copies no thread,
-        # but does copy a lock one holds).
-        pool.submit(_nothing).result()
-        yield pool
+_pool: ProcessPoolExecutor | None = None
+
+
+def sim_pool(runner: Runner, width: int) -> Executor | None:
+    """Worker processes for a simulator's work, `width` tasks at a time; None (run it here) for
+    a real engine, one process, or a width of one. One pool serves the whole run: forked at
+    its first use, before the study's state grows (a fork per batch copied that state's pages
+    again and again: a third more CPU seconds on realtime-chat's main job)."""
+    global _pool
+    if runner.name != "sim" or min(width, sim_processes()) < 2:
+        return None
+    if _pool is None:
+        context = multiprocessing.get_context("fork")
+        _pool = ProcessPoolExecutor(
+            sim_processes(), mp_context=context, initializer=_ignore_interrupts
+        )
+        # Forked now, between trials: no heartbeat thread runs (a fork copies no thread, but
+        # does copy a lock one holds).
+        _pool.submit(_nothing).result()
+        atexit.register(_pool.shutdown, cancel_futures=True)
+    return _pool

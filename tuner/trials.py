@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,37 +256,37 @@ def optimize(
     started = time.monotonic()
     ran = 0
     width = SIM_BATCH if batches_in_processes(run) else 1
-    with sim_pool(run.runner, width) if width > 1 else nullcontext(None) as pool:
-        while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
-            optuna.storages.fail_stale_trials(run.study)
-            asked: list[optuna.Trial] = []
-            claimed = 0
-            try:
-                for _ in range(_batch_size(run, trials - ran)):
-                    if not claim_trial(storage, run.study.study_name, study_total):
-                        break
-                    claimed += 1
-                    if run.screen is not None:
-                        run.screen.propose(run.study)
-                    balance_deployments(run)
-                    with interrupts_deferred():  # ask() stores the trial RUNNING before we hold it
-                        asked.append(run.study.ask())
-                    asked[-1].set_user_attr("worker", WORKER)
-                with ExitStack() as beats:
-                    for trial in asked:
-                        beats.enter_context(heartbeat(storage, trial))
-                    reports = _run_batch(run, asked, pool)
-            except KeyboardInterrupt:
-                with interrupts_deferred():
-                    _end_interrupted(run, storage, asked, claimed)
-                raise
-            for report in reports:
-                run.reports.append(report)
-                on_trial(report)
-            ran += len(reports)
-            if not asked:
-                if not has_running_trials(run.study):
+    pool = sim_pool(run.runner, width)
+    while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
+        optuna.storages.fail_stale_trials(run.study)
+        asked: list[optuna.Trial] = []
+        claimed = 0
+        try:
+            for _ in range(_batch_size(run, trials - ran)):
+                if not claim_trial(storage, run.study.study_name, study_total):
                     break
-                time.sleep(min(1.0, heartbeat_interval(storage)))
-            elif _grid_exhausted(run.study):
+                claimed += 1
+                if run.screen is not None:
+                    run.screen.propose(run.study)
+                balance_deployments(run)
+                with interrupts_deferred():  # ask() stores the trial RUNNING before we hold it
+                    asked.append(run.study.ask())
+                asked[-1].set_user_attr("worker", WORKER)
+            with ExitStack() as beats:
+                for trial in asked:
+                    beats.enter_context(heartbeat(storage, trial))
+                reports = _run_batch(run, asked, pool)
+        except KeyboardInterrupt:
+            with interrupts_deferred():
+                _end_interrupted(run, storage, asked, claimed)
+            raise
+        for report in reports:
+            run.reports.append(report)
+            on_trial(report)
+        ran += len(reports)
+        if not asked:
+            if not has_running_trials(run.study):
                 break
+            time.sleep(min(1.0, heartbeat_interval(storage)))
+        elif _grid_exhausted(run.study):
+            break
