@@ -88,10 +88,10 @@ def test_the_export_states_the_hold_and_the_capacity_that_held(tmp_path: Path, s
     assert "hold: trial" in done.stdout
     exported = yaml.safe_load((tmp_path / "best.yaml").read_text())
     hold = exported["hold"]
-    assert hold["factor"] == 4 and hold["draws"] == 6  # the simulator's six arrival draws
+    assert hold["factor"] == 4 and hold["draws"] == 12  # the simulator's twelve arrival draws
     if hold["held_rate"] is not None:  # a load that met ran whole: at least 4x, on every draw
         held = next(load for load in hold["loads"] if load["rate"] == hold["held_rate"])
-        assert len(held["draws"]) == 6 and all(d["requests"] >= 4 * 200 for d in held["draws"])
+        assert len(held["draws"]) == 12 and all(d["requests"] >= 4 * 200 for d in held["draws"])
     assert hold["claimed_rate"] == exported["metrics"]["capacity_rate"]
     assert exported["capacity"]["rate"] == hold["held_rate"]
 

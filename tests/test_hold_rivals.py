@@ -133,6 +133,21 @@ def test_every_arrival_draw_has_to_meet():
     assert {n for _, _, n in runner.log["pick"]} == {4 * 200}  # settled: never extended
 
 
+def test_simulated_draws_run_in_rounds_and_none_after_a_round_with_a_miss(monkeypatch):
+    """On the simulator a rate's draws run in rounds of six, every draw of a round (as worker
+    processes would): draw 2 misses the claim, so draws 0-5 run there and 6-11 never do; the
+    rate below, which every draw meets, runs all twelve."""
+    monkeypatch.setenv("AUTOTUNE_SIM_PROCESSES", "1")  # the planted log lives in this process
+    runner = PlantedRunner({"pick": {0: 12.0, 2: 11.0}})
+    runner.name = "sim"
+    study = study_of({"pick": 12.0})
+    result = hold_pick(runner, study, SCENARIO, trial_named(study, "pick"), HoldPlan(2, 12))
+    claimed = [draw for rate, draw, _ in runner.log["pick"] if rate == 12.0]
+    assert claimed == [0, 1, 2, 3, 4, 5]
+    last = result["loads"][-1]
+    assert last["meets"] and [d["draw"] for d in last["draws"]] == list(range(12))
+
+
 def test_a_window_whose_first_half_misses_does_not_hold():
     """Two successive horizons have to agree: a window that meets the SLA as a whole but not
     over its first half is a miss, and the claim is lowered below the excursion's rates."""

@@ -147,7 +147,8 @@ def test_kill_9_mid_trial_then_rerun_continues(tmp_path: Path):
         for t in optuna.load_study(study_name="c", storage=db).trials
         if t.state == TrialState.RUNNING
     ]
-    assert len(killed) == 1
+    # the trials of the batch it was running (tuner.trials: two sampled ones at a time)
+    assert 1 <= len(killed) <= 2
 
     again = run_autotune(*args[3:], cwd=tmp_path, timeout=600)
     assert again.returncode in (0, 3), again.stderr
@@ -155,8 +156,8 @@ def test_kill_9_mid_trial_then_rerun_continues(tmp_path: Path):
     by_number = {t.number: t for t in trials}
     for number, values in before.items():
         assert by_number[number].state == TrialState.COMPLETE and by_number[number].values == values
-    assert by_number[killed[0]].state == TrialState.FAIL
-    counted = [t for t in trials if t.number != killed[0]]
+    assert all(by_number[number].state == TrialState.FAIL for number in killed)
+    counted = [t for t in trials if t.number not in killed]
     assert len(counted) == 5 and all(
         t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in counted
     )

@@ -89,7 +89,7 @@ TUNE_OPTIONS = {
         type=flags.POLISH,
         default=None,
         help="before the export, hold the pick at its capacity for N times the scenario's "
-        "requests (on 6 arrival draws on the simulator), lowering a claim that misses and "
+        "requests (on 12 arrival draws on the simulator), lowering a claim that misses and "
         "then holding the configs it passed over (default: 64 on the simulator, 4 on real "
         "engines; 0: no hold)",
     ),
