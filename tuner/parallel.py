@@ -1,4 +1,4 @@
-"""The simulator's work on every core: worker processes, forked once a batch, that simulate and
+"""The simulator's work on every core: worker processes, forked once a run, that simulate and
 return what they measured; this process alone asks, tells and writes the storage.
 
 A simulated trial or hold draw is a pure function of its config, scenario and seed, so which
