@@ -28,25 +28,19 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from testing.exports import without_wall_clock  # noqa: E402
+
 BUDGET_S = 60.0
-# Fields that differ between two runs of one study: when and where it ran, and how long.
-WALL_CLOCK = ("exported_at", "created_at", "worker", "runner_search_s")
 
 
 def _export_hash(path: Path) -> tuple[str, str]:
     if not path.exists():
         return "-", "none"
     exported = yaml.safe_load(path.read_text())
-
-    def strip(value):
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in WALL_CLOCK}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
     capacity = (exported.get("capacity") or {}).get("rate")
-    digest = hashlib.sha256(yaml.safe_dump(strip(exported)).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(yaml.safe_dump(without_wall_clock(exported)).encode()).hexdigest()[:12]
     return f"{capacity:.4g} req/s" if capacity else "-", digest
 
 

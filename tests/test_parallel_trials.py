@@ -14,19 +14,11 @@ import optuna
 import pytest
 import yaml
 
+from testing.exports import without_wall_clock
 from tests.conftest import run_autotune
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TRIALS, POLISH = 12, 8  # past TPE's 10 random startup trials: its model proposes in batches
-WALL_CLOCK = ("exported_at", "created_at", "worker", "runner_search_s", "runner_started_s")
-
-
-def _without_wall_clock(value):
-    if isinstance(value, dict):
-        return {k: _without_wall_clock(v) for k, v in value.items() if k not in WALL_CLOCK}
-    if isinstance(value, list):
-        return [_without_wall_clock(v) for v in value]
-    return value
 
 
 def _tune(tmp_path: Path, scenario_file: Path, storage: str, processes: int, monkeypatch):
@@ -42,12 +34,12 @@ def _tune(tmp_path: Path, scenario_file: Path, storage: str, processes: int, mon
     assert done.returncode == 0, done.stderr
     study = optuna.load_study(study_name=name, storage=storage.format(work=work))
     trials = [
-        (t.number, t.state, t.params, t.values, _without_wall_clock(t.user_attrs))
+        (t.number, t.state, t.params, t.values, without_wall_clock(t.user_attrs))
         for t in study.trials
     ]
     exported = yaml.safe_load((work / "best-config.yaml").read_text())
     assert exported.pop("study") == name  # each study its own name: PostgreSQL holds both
-    return trials, _without_wall_clock(exported), study.user_attrs["hold"]
+    return trials, without_wall_clock(exported), study.user_attrs["hold"]
 
 
 @pytest.mark.parametrize("storage", ["sqlite:///{work}/studies.db", POSTGRES])
@@ -63,7 +55,7 @@ def test_two_processes_run_the_study_one_process_runs(
     assert all(state != optuna.trial.TrialState.RUNNING for _, state, *_ in parallel)
     assert parallel == serial
     assert parallel_export == serial_export
-    assert _without_wall_clock(parallel_hold) == _without_wall_clock(serial_hold)
+    assert without_wall_clock(parallel_hold) == without_wall_clock(serial_hold)
 
 
 def test_a_bad_process_count_is_refused_before_a_study_opens(tmp_path: Path, monkeypatch):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -103,7 +103,7 @@ class _Job:
 
     trial: optuna.Trial
     config: dict[str, Any]
-    options: dict[str, Any] = field(default_factory=dict)  # evaluate's keyword arguments
+    options: dict[str, Any]  # evaluate's keyword arguments
 
 
 def _prepare(run: StudyRun, trial: optuna.Trial) -> _Job | TrialReport:
@@ -185,18 +185,18 @@ def _run_batch(
 ) -> list[TrialReport]:
     """The trials run (on `pool`'s processes where given) and ended in the order asked."""
     jobs = [_prepare(run, trial) for trial in trials]
-    if pool is not None:
-        futures = {
-            id(job): pool.submit(evaluate, run.runner, job.config, run.scenario, **job.options)
-            for job in jobs
-            if isinstance(job, _Job)
-        }
+    futures = [
+        pool.submit(evaluate, run.runner, job.config, run.scenario, **job.options)
+        if pool is not None and isinstance(job, _Job)
+        else None
+        for job in jobs
+    ]
     reports = []
-    for job in jobs:
+    for job, future in zip(jobs, futures, strict=True):
         if isinstance(job, TrialReport):
             reports.append(job)
             continue
-        evaluation = _evaluate_here(run, job) if pool is None else futures[id(job)].result()
+        evaluation = _evaluate_here(run, job) if future is None else future.result()
         reports.append(_record(run, job, evaluation))
     return reports
 
