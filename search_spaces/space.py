@@ -231,6 +231,7 @@ class SearchSpace:
         on it are lost), and max_prefill_tokens' floor at the longest prompt (below it no
         prompt could start on MindIE or on vLLM without chunked prefill; llama-server splits a
         longer prompt into batches)."""
+        self._check_host_tier()
         space = self
         shared = workload.shared_prefix is not None and workload.shared_prefix.share > 0
         if not shared and workload.sessions is None:
@@ -246,6 +247,20 @@ class SearchSpace:
         if self.engine == "llamacpp":  # llama-server takes a prompt in batches of -b tokens
             return space
         return space._fit_prefill_floor(workload, scenario_source)
+
+    def _check_host_tier(self) -> None:
+        """A host tier is read through the prefix cache (search_spaces.engines.violations):
+        with every kv_host_gb above 0 and prefix_caching fixed off, every trial would fail."""
+        host, cache = self.ranges.get("kv_host_gb"), self.ranges.get("prefix_caching")
+        if host is None or cache is None or cache.listed() is None or any(cache.listed() or []):
+            return
+        hosts = host.listed()
+        if (hosts is not None and all(hosts)) or (hosts is None and (host.low or 0) > 0):
+            raise InputError(
+                f"{self.source}: knobs.kv_host_gb: every value needs prefix_caching, which "
+                "knobs.prefix_caching fixes off (the host tier is read through the prefix "
+                "cache); allowed: prefix_caching true, or kv_host_gb 0"
+            )
 
     def _fit_prefill_floor(self, workload: Workload, scenario_source: str) -> SearchSpace:
         spec = self.ranges.get("max_prefill_tokens")

@@ -217,6 +217,21 @@ CASES = {
         ],
         "knobs.max_prefill_tokens: 64 is below the longest prompt",
     ),
+    # issue 42: three doomed trials, then exit 3
+    "a host tier with prefix caching fixed off": (
+        lambda tmp, sc: [
+            "--scenario",
+            str(sc),
+            "--engine",
+            "vllm",
+            "--space",
+            _write(
+                tmp / "space.yaml",
+                "knobs:\n  kv_host_gb: {value: 8}\n  prefix_caching: {value: false}\n",
+            ),
+        ],
+        "knobs.kv_host_gb: every value needs prefix_caching",
+    ),
     "a negative accuracy drop in a quality table": (
         lambda tmp, sc: [
             "--scenario",

@@ -19,7 +19,8 @@ from runners.load.capacity import evaluate
 from runners.load.measurement import summarize
 from runners.sim.runner import DEFAULTS, SimRunner
 from tests.conftest import run_autotune, small_scenario
-from tuner.hold import HOLD_ATTR, HoldPlan, hold_pick
+from tuner.hold import HoldPlan, hold_pick
+from tuner.study import HOLD_ATTR
 
 CONFIG = DEFAULTS | {
     "batch_size": 64,
@@ -99,7 +100,7 @@ def test_the_export_states_the_hold_and_the_capacity_that_held(tmp_path: Path, s
 def test_a_claim_nothing_holds_is_exported_unheld_and_sizes_no_fleet():
     """Three times what the config sustains: four grid steps down (5% each) still miss, so the
     export's capacity says it did not hold, and no fleet is sized on it."""
-    from tuner.export import _held
+    from tuner.answer import answer_metrics, held_capacity
 
     scenario = small_scenario(requests=200)
     runner = SimRunner()
@@ -108,5 +109,7 @@ def test_a_claim_nothing_holds_is_exported_unheld_and_sizes_no_fleet():
     result = hold_pick(runner, study, scenario, trial, HoldPlan(2, 1))
     assert result["held_rate"] is None and len(result["loads"]) == 5
     metrics = {"capacity_rate": found * 3, "capacity_rps": found * 3, "instances_for_peak": 2}
-    held = _held(metrics, result, 10.0, scenario.workload)
+    held = answer_metrics(
+        metrics, held_capacity(result, trial.number), None, 10.0, scenario.workload
+    )
     assert held["capacity_unheld"] is True and held["instances_for_peak"] is None

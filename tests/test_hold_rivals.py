@@ -190,11 +190,9 @@ def test_after_repeats_only_the_configs_they_measured_are_held_as_rivals():
     )
     study = study_of({"pick": 12.0, "other": 12.0, "rival": 12.0})
     measured = [trial_named(study, name).number for name in ("pick", "rival")]
-    study.set_user_attr(
-        "repeats",
-        {"pick": measured[0], "complete_trials": 3, "trials": {str(n): {} for n in measured}},
-    )
-    result = hold_pick(runner, study, SCENARIO, trial_named(study, "pick"), HoldPlan(2, 1))
+    repeats = {"pick": measured[0], "complete_trials": 3, "trials": {str(n): {} for n in measured}}
+    pick = trial_named(study, "pick")
+    result = hold_pick(runner, study, SCENARIO, pick, HoldPlan(2, 1), repeats)
     assert runner.log["other"] == []
     assert result["trial"] == trial_named(study, "rival").number
 

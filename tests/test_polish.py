@@ -539,3 +539,23 @@ def test_a_step_past_a_tie_has_to_beat_where_the_climb_stood_not_only_the_tie(tm
         if t.params["select_batch"] == "decode-first" and t.params["batch_size"] == 80
     ]
     assert tied_then_up  # the climb did go on from the tie, and measured the step past it
+
+
+def test_steps_a_run_queued_and_did_not_run_do_not_outlive_it(tmp_path: Path):
+    """A run whose time ends inside the polish (here: the deadline passes while its trials
+    run, so none of the two runs) fails the steps it queued: a later run's first trials are
+    its sampler's, not two steps of a climb that no longer runs (issue 42: `--trials 4
+    --timeout 34` left two WAITING with a prune bound)."""
+    run = _planted_study(tmp_path)
+    here = best_trial(run.study, run.scenario)
+    steps = [dict(here.params, batch_size=size) for size in (70, 80)]
+
+    class OutOfTime(Polisher):
+        def _optimize(self, n: int) -> int:
+            return 0
+
+    assert OutOfTime(run).run_queued(steps, here, prune=True) == 0
+    states = [t.state for t in run.study.trials]
+    assert TrialState.WAITING not in states
+    left = [t for t in run.study.trials if t.user_attrs.get("fault_kind") == "not-run"]
+    assert len(left) == 2 and all(t.state == TrialState.FAIL for t in left)

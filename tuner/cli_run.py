@@ -15,9 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from objectives.userfile import InputError
 from search_spaces.edges import range_edges
+from tuner.answer import Answer, answer
 from tuner.console import err, out
 from tuner.cost import CHIP_COST_ATTR
-from tuner.export import trial_export, write_export
+from tuner.export import answer_export, trial_export, write_export
 from tuner.front_table import front_table, snapshot_rows
 from tuner.hold import REAL_HOLD, SIM_HOLD, HoldPlan, describe_hold, hold_pick, pick_to_hold
 from tuner.ladder import print_quality
@@ -31,7 +32,6 @@ from tuner.study import (
     RANGE_EDGES,
     StudyRun,
     TrialReport,
-    best_trial,
     snapshot,
     trial_knobs,
 )
@@ -41,9 +41,9 @@ EXIT_NO_FEASIBLE = 3  # the study ran, but no config met the SLA: nothing was ex
 
 
 def export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, path: Path) -> None:
-    """Write a trial's config as the YAML to deploy (`--export`)."""
-    exported = trial_export(study, trial)
-    write_export(path, exported)
+    """Write a trial's config as the YAML to deploy (`--export`), with the hold and repeats
+    the study keeps for it."""
+    write_export(path, trial_export(study, trial))
 
 
 def _progress_text(reports: list[TrialReport]) -> str:
@@ -130,13 +130,14 @@ def _writing(flag: str, path: Path, study: optuna.Study, later: str):
         ) from None
 
 
-def write_html(p: Prepared, outputs: dict[str, Path]) -> None:
-    """The report of a run or a night; none while the study has no measured trial to show."""
+def write_html(p: Prepared, outputs: dict[str, Path], stated: Answer | None = None) -> None:
+    """The report of a run (`stated`: its answer) or a night; none while the study has no
+    measured trial to show."""
     if "--html" in outputs and p.study.get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)
     ):
         with _writing("--html", outputs["--html"], p.study, "report"):
-            write_report(p.study, p.storage.engine, outputs["--html"])
+            write_report(p.study, p.storage.engine, outputs["--html"], stated)
         out.print(f"report: {outputs['--html']}", markup=False)
 
 
@@ -156,6 +157,9 @@ def finish(
     simulated = p.runner.name == "sim"
     if repeats is None:
         repeats = 0 if simulated else REAL_REPEATS
+    # This run's repeats and hold, in memory: another run on the study may record its own
+    # meanwhile, and what this run prints, reports and exports is what it measured.
+    repeated = None
     if repeats > 1:
         repeated = repeat_pick(study, scenario, repeats, engine_measure(p.runner, scenario))
         if repeated is not None:
@@ -163,9 +167,13 @@ def finish(
     plan = SIM_HOLD if simulated else REAL_HOLD
     if hold is not None:
         plan = HoldPlan(hold, plan.draws, plan.extension_cap)
-    pick = pick_to_hold(study, scenario)
-    with p.phase("hold"):
-        held = hold_pick(p.runner, study, scenario, pick, plan) if pick and plan.factor else None
+    pick = pick_to_hold(study, scenario, repeated)
+    held = None
+    if pick is not None and plan.factor:
+        with p.phase("hold"):
+            held = hold_pick(p.runner, study, scenario, pick, plan, repeated)
+    best = _run_best(study, pick, held)
+    stated = None if best is None else answer(study, best, held, repeated)
     snapshot(study, scenario, p.storage)
     snap = latest_snapshot(p.storage, study.study_name)
     assert snap is not None, "snapshot() has just saved one"
@@ -177,9 +185,10 @@ def finish(
         front_table(
             f"SLA-feasible Pareto front of {study.study_name} ({scenario.sla.describe()})",
             snapshot_rows(snap),
-            snap.best_trial,
+            None if best is None else best.number,
             scenario,
             study.user_attrs.get(CHIP_COST_ATTR),
+            stated,
         )
     )
     slo = " and the quality SLO" if scenario.quality else ""
@@ -195,7 +204,6 @@ def finish(
         + f"; {len(study.trials)} in the study"
     )
     print_quality(study, p.quality)
-    best = best_trial(study, scenario)
     edges = [] if best is None else range_edges(p.space, trial_knobs(study, best))
     if held is not None:
         out.print(describe_hold(held, scenario), markup=False, soft_wrap=True)
@@ -204,7 +212,7 @@ def finish(
             RANGE_EDGES, {"trial": best.number, "messages": [e.message() for e in edges]}
         )
     with p.phase("report"):
-        write_html(p, outputs)
+        write_html(p, outputs, stated)
     if best is None:
         this_run = [r.number for r in reports]
         closest = closest_miss(study, this_run)
@@ -213,8 +221,11 @@ def finish(
         err.print("[bold red]no SLA-feasible config found: nothing exported[/bold red]")
         err.print(p.where_the_time_went(), markup=False, soft_wrap=True)
         sys.exit(EXIT_NO_FEASIBLE)
+    assert stated is not None, "an answer for every best trial"
     with _writing("--export", export_path, study, "export"):
-        export_trial(study, best, export_path)
+        write_export(export_path, answer_export(study, stated))
+    chips = bool(study.user_attrs["identity"].get("chips"))
+    out.print(f"answer: {stated.describe(chips)}", markup=False, soft_wrap=True)
     out.print(f"best: trial {best.number} ({scenario.pick}) -> {export_path}", markup=False)
     compared = deployment_comparison(study, scenario)  # a chip budget, both deployments feasible
     if compared is not None:
@@ -222,3 +233,10 @@ def finish(
     for edge in edges:
         out.print(f"note: the best {edge.message()}", markup=False, soft_wrap=True)
     err.print(p.where_the_time_went(), markup=False, soft_wrap=True)
+
+
+def _run_best(
+    study: optuna.Study, pick: optuna.trial.FrozenTrial | None, held: dict | None
+) -> optuna.trial.FrozenTrial | None:
+    """The run's answer: the config its hold chose (no hold ran: the pick)."""
+    return pick if held is None else study.get_trials(deepcopy=False)[held["trial"]]

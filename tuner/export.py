@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -14,18 +12,16 @@ from optuna.trial import FrozenTrial
 from pydantic import BaseModel, ConfigDict
 
 import tuner
-from objectives.scenario import Scenario, Workload
+from objectives.scenario import Workload
 from objectives.userfile import load_yaml
-from runners.load.capacity import sustained_tokens_per_s
 from search_spaces.deployment import deployment_label, is_disaggregated
 from search_spaces.engines import llamacpp_args, mindie_model_deploy, violations, vllm_args
 from search_spaces.knobs import KNOBS, LLAMACPP_GGUF_TYPES, render
-from tuner.cost import CHIP_COST_ATTR, cost_figures
+from tuner.answer import Answer, answer
 from tuner.export_pd import pd_forms, replicated
-from tuner.hold import held_capacity
 from tuner.outputs import write_atomic
 from tuner.quality import quality_summary
-from tuner.study import CAPACITY_HINT, HOLD_ATTR, PRUNE_BELOW, REPEATS_ATTR, trial_knobs
+from tuner.study import CAPACITY_HINT, PRUNE_BELOW, trial_knobs
 
 
 class ExportedConfig(BaseModel):
@@ -196,10 +192,13 @@ def capacity_summary(
         "ttft_p99_ms": metrics.get("capacity_ttft_p99_ms"),
         "tpot_p99_ms": metrics.get("capacity_tpot_p99_ms"),
         "at_ceiling": metrics.get("capacity_at_ceiling", False),
-        # the rate the search found, where a longer hold lowered it (tuner.hold); `held: false`
-        # where no rate held
+        # the rate the search found, where the worst repeat or a longer hold lowered it
+        # (tuner.answer); `held: false` where no rate held
         **(
-            {"lowered_from": metrics["capacity_lowered_from"]}
+            {
+                "lowered_from": metrics["capacity_lowered_from"],
+                "lowered_by": metrics["capacity_lowered_by"],
+            }
             if "capacity_lowered_from" in metrics
             else {}
         ),
@@ -214,32 +213,21 @@ def capacity_summary(
 
 
 def build_export(
-    study: str,
-    trial: int,
-    scenario: str,
-    sla: dict,
-    identity: dict[str, str],
-    knobs: dict[str, Any],
-    metrics: dict[str, Any],
-    peak_rate: float | None = None,
-    *,
-    workload: Workload,
-    chip_cost_per_hour: float | None = None,
-    hold: dict[str, Any] | None = None,
-    repeats: dict[str, Any] | None = None,
+    study: str, identity: dict[str, str], knobs: dict[str, Any], stated: Answer
 ) -> ExportedConfig:
-    """`metrics` are the trial's attributes: its measurements and the engine arguments it ran
-    with. `identity` holds "chips" for a study on a chip budget. A `hold` (tuner.hold) that
-    lowered the claim gives the capacity figures of the rate that held."""
+    """The export of `stated` (tuner.answer): its capacity and cost those every output states,
+    `metrics` as the trial measured them (its engine arguments included). `identity` holds
+    "chips" for a study on a chip budget."""
     chips = int(identity["chips"]) if "chips" in identity else None
-    measured, metrics = metrics, _held(metrics, hold, peak_rate, workload)
+    scenario, measured, metrics = stated.scenario, dict(stated.trial.user_attrs), stated.metrics
+    price = stated.chip_cost_per_hour
     return ExportedConfig(
         autotune_version=tuner.__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         study=study,
-        trial=trial,
-        scenario=scenario,
-        sla=sla,
+        trial=stated.trial.number,
+        scenario=scenario.name,
+        sla=scenario.sla.model_dump(),
         runner=identity["runner"],
         engine=identity["engine"],
         model=identity["model"],
@@ -249,7 +237,7 @@ def build_export(
         knobs=knobs,
         native=native_forms(
             knobs,
-            workload,
+            scenario.workload,
             identity["engine"],
             metrics.get("engine_args"),
             chips,
@@ -260,16 +248,12 @@ def build_export(
             }
             or None,
         ),
-        capacity=capacity_summary(metrics, peak_rate, chips),
-        cost=(
-            {"chip_per_hour": chip_cost_per_hour} | cost_figures(metrics, chip_cost_per_hour)
-            if chip_cost_per_hour is not None
-            else None
-        ),
+        capacity=capacity_summary(metrics, scenario.load.peak_rate, chips),
+        cost={"chip_per_hour": price} | stated.cost if price is not None else None,
         quality=quality_summary(metrics),
-        hold=hold,
-        repeats=repeats,
-        metrics={  # as the trial measured them (`capacity` is the hold's where it lowered it)
+        hold=stated.hold,
+        repeats=stated.repeats,
+        metrics={  # as the trial measured them (`capacity` is the answer's)
             key: value
             for key, value in measured.items()
             if key not in NOT_EXPORTED and not key.startswith("quality_")
@@ -277,71 +261,21 @@ def build_export(
     )
 
 
-def _held(
-    metrics: dict[str, Any],
-    hold: dict[str, Any] | None,
-    peak_rate: float | None,
-    workload: Workload,
-) -> dict[str, Any]:
-    """The trial's capacity figures replaced by those of the rate its hold held at, where the
-    hold lowered the claim."""
-    if hold is None or hold["held_rate"] == hold["claimed_rate"] or "capacity_rate" not in metrics:
-        return metrics
-    if hold["held_rate"] is None:  # no rate held: the claim stands unconfirmed, no fleet on it
-        return dict(metrics) | {"capacity_unheld": True, "instances_for_peak": None}
-    load = next(load for load in hold["loads"] if load["rate"] == hold["held_rate"])
-    held = dict(metrics) | {
-        "capacity_rate": load["rate"],
-        "capacity_rps": load["requests_per_s"],
-        "capacity_output_tokens_per_s": sustained_tokens_per_s(
-            workload, load["rate"], load["output_tokens_per_s"]
-        ),
-        "capacity_measured_output_tokens_per_s": load["output_tokens_per_s"],
-        "capacity_ttft_p99_ms": load["ttft_p99_ms"],
-        "capacity_tpot_p99_ms": load["tpot_p99_ms"],
-        "capacity_delivered_share": load["delivered_share"],
-        "capacity_lowered_from": hold["claimed_rate"],
-    }
-    if peak_rate is not None and load["requests_per_s"]:
-        held["instances_for_peak"] = math.ceil(peak_rate / load["requests_per_s"])
-    return held
+def trial_export(
+    study: optuna.Study,
+    trial: FrozenTrial,
+    hold: dict[str, Any] | None = None,
+    repeats: dict[str, Any] | None = None,
+) -> ExportedConfig:
+    """A study's trial as the export holds it (`--export`, the report's raw YAML), from this
+    run's `hold` and `repeats` (None: those the study keeps for the trial)."""
+    return answer_export(study, answer(study, trial, hold, repeats))
 
 
-def trial_export(study: optuna.Study, trial: FrozenTrial) -> ExportedConfig:
-    """A study's trial as the export holds it (`--export`, the report's raw YAML)."""
-    scenario = Scenario.model_validate(study.user_attrs["scenario"])
-    return build_export(
-        study.study_name,
-        trial.number,
-        scenario.name,
-        scenario.sla.model_dump(),
-        study.user_attrs["identity"],
-        trial_knobs(study, trial),
-        dict(trial.user_attrs),
-        scenario.load.peak_rate,
-        workload=scenario.workload,
-        chip_cost_per_hour=study.user_attrs.get(CHIP_COST_ATTR),
-        hold=held_capacity(study.user_attrs.get(HOLD_ATTR), trial.number),
-        repeats=_repeats_of(study.user_attrs.get(REPEATS_ATTR), trial.number),
-    )
-
-
-def _repeats_of(repeated: dict[str, Any] | None, trial: int) -> dict[str, Any] | None:
-    if repeated is None or str(trial) not in repeated["trials"]:
-        return None
-    runs = repeated["trials"][str(trial)]
-    values = runs["throughput"]  # None: a repeat that failed
-    return {
-        "measurements": len(values),
-        "throughput": values,
-        "median": statistics.median(v for v in values if v is not None),
-        "worst": min(
-            v if met and v is not None else 0.0 for v, met in zip(values, runs["met"], strict=True)
-        ),
-        "ttft_p99_ms": runs["ttft_p99_ms"],
-        "noise": repeated["noise"],
-        "tied_with": repeated["tied"] if repeated["pick"] == trial else [],
-    }
+def answer_export(study: optuna.Study, stated: Answer) -> ExportedConfig:
+    """The export of a study's answer (tuner.answer)."""
+    identity, knobs = study.user_attrs["identity"], trial_knobs(study, stated.trial)
+    return build_export(study.study_name, identity, knobs, stated)
 
 
 def write_export(path: Path, exported: ExportedConfig) -> None:

@@ -10,6 +10,7 @@ from rich.table import Table
 from objectives.scenario import Scenario
 from objectives.scoring import throughput_label
 from search_spaces.deployment import deployment_label
+from tuner.answer import Answer
 from tuner.cost import cost_figures
 from tuner.quality import describe_figures, quality_summary
 from tuner.storage import ParetoSnapshot
@@ -21,10 +22,13 @@ def front_table(
     best: int | None,
     scenario: Scenario,
     chip_cost_per_hour: float | None = None,
+    stated: Answer | None = None,
 ) -> Table:
-    """One row per member (snapshot_rows), the exported one (`best`) starred. Rows of a study on
-    a chip budget carry their deployment ("deploy": co-located, or xPyD), and their throughputs
-    are per chip."""
+    """One row per member (snapshot_rows), the exported one (`best`) starred; its capacity,
+    throughput, fleet and cost are those of `stated` (tuner.answer: where the hold lowered the
+    search's claim, the rate that held), as the export and the report state them. Rows of a
+    study on a chip budget carry their deployment ("deploy": co-located, or xPyD), and their
+    throughputs are per chip."""
     capacity = scenario.load.mode == "capacity"
     peak = scenario.load.peak_rate
     labels = [deployment_label(row["params"]) for row in rows]
@@ -61,18 +65,35 @@ def front_table(
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     shown, alike = _collapse_ties(rows, best)
+    captions = []
     if alike:
-        table.caption = "alike (the same TTFT p99 and throughput as shown): " + "; ".join(
-            f"trial {kept} and {', '.join(map(str, others))}" for kept, others in alike.items()
+        captions.append(
+            "alike (the same TTFT p99 and throughput as shown): "
+            + "; ".join(
+                f"trial {kept} and {', '.join(map(str, others))}" for kept, others in alike.items()
+            )
         )
+    lowered = stated is not None and "capacity_lowered_from" in stated.metrics
+    if stated is not None and lowered and stated.trial.number == best:
+        captions.append(
+            f"* trial {best}: the capacity its {stated.metrics['capacity_lowered_by']} confirmed, "
+            f"lowered from the search's {stated.metrics['capacity_lowered_from']:.4g}"
+        )
+    if stated is not None and stated.metrics.get("capacity_unheld") and stated.trial.number == best:
+        captions.append(f"* trial {best}: its capacity is the search's, which no hold confirmed")
+    if captions:
+        table.caption = "\n".join(captions)
     for row, label in zip(rows, labels, strict=True):
         if row["trial"] not in shown:
             continue
         p, m = row["params"], row["metrics"]
+        throughput = row["output_tokens_per_s"]
+        if stated is not None and row["trial"] == best == stated.trial.number:
+            m, throughput = stated.metrics, stated.throughput
         cells = [
             f"{row['trial']}{' *' if row['trial'] == best else ''}",
             f"{row['ttft_p99_ms']:.1f}",
-            f"{row['output_tokens_per_s']:.0f}",
+            f"{throughput:.0f}",
         ]
         if capacity:
             # the rate offered at capacity and the requests/s served there (what sizes the

@@ -29,14 +29,15 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.scenario import Scenario
-from objectives.scoring import is_feasible
+from objectives.scoring import constraint_values, is_feasible
 from runners.base import Runner, Session
 from runners.load.bracket import step_down
 from runners.load.capacity import step_at
 from runners.load.measurement import first_part, summarize
 from runners.load.steady_state import percentiles_met
+from tuner.answer import worst_capacity
 from tuner.parallel import sim_pool
-from tuner.study import HOLD_ATTR, REPEATS_ATTR, best_trial, trial_knobs
+from tuner.study import best_trial, keep_hold, trial_knobs
 
 MAX_STEPS_DOWN = 4
 MAX_RIVALS = 3  # configs held after a lowered pick, the best claims first
@@ -90,6 +91,12 @@ def _draw(session: Session, scenario: Scenario, rate: float, plan: HoldPlan, dra
     row = {key: step.metrics.get(key) for key in WORST_HIGH + WORST_LOW}
     row |= {"draw": draw, "requests": step.measurement.sent, "meets": step.meets_sla}
     row |= {"windows": step.windows, "settled": step.unsettled is None}
+    fault = step.measurement.fault
+    if not step.meets_sla:
+        stopped = None if fault is None else f"{fault.kind}: {fault.message}"[:200]
+        if fault is not None and fault.kind == "sla-violated":  # the load generator's rejection
+            stopped = "TTFT p99 certainly past the bound, stopped early"
+        row["missed"] = step.unsettled or stopped or _violated(step.metrics, scenario)
     if step.meets_sla and scenario.workload.burst is None:
         # The horizon half as long has to agree: near saturation one queue excursion can be
         # 1% of a window but not of one twice as long. Judged on its percentiles: the
@@ -98,10 +105,29 @@ def _draw(session: Session, scenario: Scenario, rate: float, plan: HoldPlan, dra
         metrics = summarize(half, scenario.sla)
         row["half_ttft_p99_ms"] = metrics.get("ttft_p99_ms")
         row["meets"] = percentiles_met(metrics, scenario.sla)
-    fault = step.measurement.fault
+        if not row["meets"]:
+            row["missed"] = f"its first half: {_violated(metrics, scenario)}"
     if fault is not None:
         row["fault"] = f"{fault.kind}: {fault.message}"[:300]
     return row
+
+
+def _violated(metrics: dict[str, Any], scenario: Scenario) -> str:
+    """The SLOs a window's figures break, as figures (the draws' lines on the console)."""
+    if metrics.get("ttft_p99_ms") is None:
+        return "no first token measured"
+    shown = {
+        "ttft_p99": f"TTFT p99 {metrics['ttft_p99_ms']:.0f} ms",
+        "tpot_p99": f"TPOT p99 {metrics.get('tpot_p99_ms') or 0:.0f} ms",
+        "success_rate": f"{metrics.get('success_rate', 0):.1%} succeeded",
+        "sustained": f"{metrics.get('delivered_share') or 0:.1%} of the rate delivered",
+    }
+    broken = [
+        shown.get(name, name)
+        for name, value in constraint_values(metrics, scenario.sla).items()
+        if value > 0
+    ]
+    return ", ".join(broken) or "stopped early"
 
 
 def _simulated_draw(
@@ -203,12 +229,17 @@ def _hold_config(
     trial: FrozenTrial,
     plan: HoldPlan,
     pool: Executor | None,
+    repeats: dict[str, Any] | None,
     above: float | None = None,
 ) -> dict[str, Any]:
-    """Hold `trial` from its claim down, one grid step at a time, to no rate at or below
-    `above` (a rival has to beat what held already)."""
+    """Hold `trial` from its claim (the worst of its `repeats`, where they searched a lower
+    capacity) down, one grid step at a time, to no rate at or below `above` (a rival has to
+    beat what held already)."""
     config = trial_knobs(study, trial)
     claimed = trial.user_attrs.get("capacity_rate") or scenario.nominal_rate
+    worst = worst_capacity(repeats, trial.number)
+    if worst is not None and worst["capacity_rate"] is not None:
+        claimed = min(claimed, worst["capacity_rate"])
     rate: float | None = claimed
     loads: list[dict[str, Any]] = []
     held = None
@@ -229,16 +260,21 @@ def _hold_config(
     return {"trial": trial.number, "claimed_rate": claimed, "held_rate": held, "loads": loads}
 
 
-def _rivals(study: optuna.Study, pick: FrozenTrial, below: float | None) -> list[FrozenTrial]:
+def _rivals(
+    study: optuna.Study,
+    pick: FrozenTrial,
+    below: float | None,
+    repeated: dict[str, Any] | None = None,
+) -> list[FrozenTrial]:
     """Feasible configs other than the pick whose claims lie above what the pick held, ranked
     as the pick rule ranks them (the claim, then throughput, then TTFT). A config alike to one
     already chosen (the same claim, nominal TTFT and measured capacity throughput, to the
     float: knobs this workload never reaches, such as a prefill budget no step fills) is left
     out: its loads are that one's loads. Where tuner.repeats made the pick, only the configs
-    it measured again: one draw of an unrepeated config's hold is no evidence against the
-    worst of repeats (and the export states the repeats of the config it names)."""
+    it measured again (`repeated`, this run's): one draw of an unrepeated config's hold is no
+    evidence against the worst of repeats (and the export states the repeats of the config it
+    names)."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    repeated = study.user_attrs.get(REPEATS_ATTR)
     if repeated is not None and repeated["complete_trials"] == len(done):
         done = [t for t in done if str(t.number) in repeated["trials"]]
 
@@ -263,16 +299,22 @@ def _rivals(study: optuna.Study, pick: FrozenTrial, below: float | None) -> list
 
 
 def hold_pick(
-    runner: Runner, study: optuna.Study, scenario: Scenario, trial: FrozenTrial, plan: HoldPlan
+    runner: Runner,
+    study: optuna.Study,
+    scenario: Scenario,
+    trial: FrozenTrial,
+    plan: HoldPlan,
+    repeats: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Hold `trial` (the pick) at its claimed capacity (a fixed-load study: its nominal rate);
-    lower a claim that misses, then hold the configs it passed over; the config that held the
-    highest rate is the hold's `trial`. Kept as the study's HOLD_ATTR."""
+    """Hold `trial` (the pick) at its claimed capacity (a fixed-load study: its nominal rate;
+    where this run's `repeats` measured it, their worst draw's); lower a claim that misses,
+    then hold the configs it passed over; the config that held the highest rate is the hold's
+    `trial`. Kept by the study (tuner.study.keep_hold)."""
     # Counted first: a trial another worker finishes meanwhile was no candidate, and makes
     # the choice stale (as tuner.repeats counts).
     complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     pool = sim_pool(runner, plan.draws)
-    pick = _hold_config(runner, study, scenario, trial, plan, pool)
+    pick = _hold_config(runner, study, scenario, trial, plan, pool, repeats)
     held = [pick]
     # Rivals only where a higher rate is a higher throughput: an open loop's (a closed
     # loop's rate is requests in flight), under a max-throughput pick.
@@ -282,11 +324,11 @@ def hold_pick(
         and not scenario.closed_loop
     )
     lowered = searched and pick["held_rate"] != pick["claimed_rate"]
-    for rival in _rivals(study, trial, pick["held_rate"]) if lowered else []:
+    for rival in _rivals(study, trial, pick["held_rate"], repeats) if lowered else []:
         best = max((h["held_rate"] for h in held if h["held_rate"] is not None), default=None)
         if best is not None and rival.user_attrs["capacity_rate"] <= best:
             break
-        held.append(_hold_config(runner, study, scenario, rival, plan, pool, best))
+        held.append(_hold_config(runner, study, scenario, rival, plan, pool, repeats, best))
     # The highest rate held; at the same rate, the one held first (the better claim).
     chosen = max(held, key=lambda h: -1.0 if h["held_rate"] is None else h["held_rate"])
     result = chosen | {
@@ -297,17 +339,25 @@ def hold_pick(
         "complete_trials": complete,
         "held": [{k: h[k] for k in ("trial", "claimed_rate", "held_rate")} for h in held],
     }
-    study.set_user_attr(HOLD_ATTR, result)
+    keep_hold(study, result)
     return result
 
 
-def pick_to_hold(study: optuna.Study, scenario: Scenario) -> FrozenTrial | None:
-    """The pick rule's choice before any hold moved it (the hold starts from it)."""
+def pick_to_hold(
+    study: optuna.Study, scenario: Scenario, repeats: dict[str, Any] | None = None
+) -> FrozenTrial | None:
+    """The pick rule's choice before any hold moved it (the hold starts from it): where this
+    run's `repeats` made the pick, theirs."""
+    if repeats is not None:
+        return study.get_trials(deepcopy=False)[repeats["pick"]]
     return best_trial(study, scenario, held=False)
 
 
 def _tried(load: dict[str, Any]) -> str:
     figures = f" (TTFT p99 {load['ttft_p99_ms']:.0f} ms)" if load.get("ttft_p99_ms") else ""
+    missed = next((row for row in load.get("draws", []) if not row["meets"]), None)
+    if missed is not None and "missed" in missed:
+        figures = f" (draw {missed['draw']}: {missed['missed']})"
     if load.get("predicted_miss"):
         figures = f" ({load['predicted_miss']})"
     return f"{load['rate']:.4g} {'holds' if load['meets'] else 'misses'}{figures}"
@@ -342,14 +392,3 @@ def describe_hold(result: dict[str, Any], scenario: Scenario) -> str:
         else ""
     )
     return line + f"{tried}: the export's capacity is {result['held_rate']:.4g} {unit}{below}"
-
-
-def held_capacity(hold: dict[str, Any] | None, trial: int) -> dict[str, Any] | None:
-    """The export's `hold` block for `trial` (None when no hold of it is recorded)."""
-    if hold is None or hold.get("trial") != trial:
-        return None
-    block = {key: hold[key] for key in ("factor", "claimed_rate", "held_rate", "loads")}
-    for key in ("draws", "extension_cap", "picked", "held"):
-        if key in hold:
-            block[key] = hold[key]
-    return block

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -27,19 +27,36 @@ from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values, pick_best
 from runners.base import Runner
 from runners.load.capacity import evaluate
-from tuner.study import REPEATS_ATTR, best_trial, trial_knobs
+from tuner.answer import CAPACITY_FIGURES
+from tuner.study import best_trial, keep_repeats, trial_knobs
 
 REAL_REPEATS = 3  # each candidate measured 3 times in all: a worst of three, in minutes
 RIVAL_SPAN = 0.2  # rivals within 20% of the pick's throughput (llama-server varied 19%)
 MAX_RIVALS = 3
 MAX_NOISE = 0.5  # the widest tie tolerance a scenario may state
 
-# (config, seed_offset) -> (TTFT p99 ms, throughput, met the SLA); None when it failed
-Measure = Callable[[dict[str, Any], int], tuple[float, float, bool] | None]
+
+class Repeat(NamedTuple):
+    ttft_p99_ms: float | None
+    throughput: float | None
+    met: bool
+    # a capacity search's figures (tuner.answer.CAPACITY_FIGURES); None for a fixed load
+    capacity: dict[str, Any] | None = None
+
+
+# (config, seed_offset) -> the repeat (a plain (TTFT, throughput, met) too); None when it failed
+Measure = Callable[[dict[str, Any], int], tuple | None]
+
+
+def capacity_figures(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """A measurement's capacity figures, as a repeat records them (None: no capacity search)."""
+    if "capacity_rate" not in metrics:
+        return None
+    return {key: metrics.get(key) for key in CAPACITY_FIGURES}
 
 
 def engine_measure(runner: Runner, scenario: Scenario) -> Measure:
-    def measure(config: dict[str, Any], seed_offset: int) -> tuple[float, float, bool] | None:
+    def measure(config: dict[str, Any], seed_offset: int) -> Repeat | None:
         evaluation = evaluate(runner, config, scenario, seed_offset=seed_offset)
         if evaluation.fault is not None:
             return None
@@ -47,7 +64,7 @@ def engine_measure(runner: Runner, scenario: Scenario) -> Measure:
         if values is None:
             return None
         met = is_feasible(constraint_values(evaluation.metrics, scenario.sla))
-        return values[0], values[1], met
+        return Repeat(values[0], values[1], met, capacity_figures(evaluation.metrics))
 
     return measure
 
@@ -83,18 +100,22 @@ def repeat_pick(
     study: optuna.Study, scenario: Scenario, k: int, measure: Measure
 ) -> dict[str, Any] | None:
     """Measure the candidates k times in all (the trial itself is the first), pick on the worst
-    repeat; kept as the study's REPEATS_ATTR, which best_trial then follows."""
+    repeat; kept by the study (tuner.study.keep_repeats), which best_trial then follows."""
     # counted before the repeats: a trial another worker finishes meanwhile was no candidate,
     # so it makes the decision stale
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     chosen = candidates(study, scenario)
     if len(chosen) == 0 or k < 2:
         return None
-    runs: dict[int, list[tuple[float | None, float | None, bool]]] = {}
+    runs: dict[int, list[Repeat]] = {}
     for trial in chosen:
-        first = (trial.values[0], trial.values[1], True)
+        first = Repeat(
+            trial.values[0], trial.values[1], True, capacity_figures(dict(trial.user_attrs))
+        )
         again = [measure(trial_knobs(study, trial), offset) for offset in range(1, k)]
-        runs[trial.number] = [first] + [r if r is not None else (None, None, False) for r in again]
+        runs[trial.number] = [first] + [
+            Repeat(*r) if r is not None else Repeat(None, None, False) for r in again
+        ]
     # A repeat that failed or missed the SLA is the worst on both objectives.
     worst = [
         (
@@ -123,11 +144,13 @@ def repeat_pick(
                 "ttft_p99_ms": [r[0] for r in rs],
                 "throughput": [r[1] for r in rs],
                 "met": [r[2] for r in rs],
+                # a repeat that failed searched no capacity: None
+                "capacity": [r.capacity if r.met else None for r in rs],
             }
             for number, rs in runs.items()
         },
     }
-    study.set_user_attr(REPEATS_ATTR, result)
+    keep_repeats(study, result)
     return result
 
 

