@@ -120,8 +120,8 @@ def answer_metrics(
     closed_loop: bool = False,
 ) -> dict[str, Any]:
     """The trial's attributes with the capacity every output states: the worst repeat's where
-    it is lower, then the rate the hold held where that is lower still (a claim no rate held
-    stays, marked unheld, and sizes no fleet); the fleet on what that rate served."""
+    it is lower, then the rate the hold held, with the worst of its draws' figures (a claim no
+    rate held stays, marked unheld, and sizes no fleet); the fleet on what that rate served."""
     if metrics.get("capacity_rate") is None:  # no capacity search, or no rate met
         return metrics
     stated = dict(metrics)
@@ -135,8 +135,11 @@ def answer_metrics(
         }
     if hold is not None and hold["held_rate"] is None:
         return stated | {"capacity_unheld": True, "instances_for_peak": None}
-    if hold is not None and hold["held_rate"] < stated["capacity_rate"]:
+    if hold is not None and hold["held_rate"] <= stated["capacity_rate"]:
+        # the hold's figures at the rate it held (the worst of its draws), lower or not: the
+        # longest loads that rate ran
         load = next(load for load in hold["loads"] if load["rate"] == hold["held_rate"])
+        lowered = hold["held_rate"] < stated["capacity_rate"]
         stated |= {
             "capacity_rate": load["rate"],
             "capacity_rps": load["requests_per_s"],
@@ -147,9 +150,12 @@ def answer_metrics(
             "capacity_ttft_p99_ms": load["ttft_p99_ms"],
             "capacity_tpot_p99_ms": load["tpot_p99_ms"],
             "capacity_delivered_share": load["delivered_share"],
-            "capacity_lowered_from": metrics["capacity_rate"],  # the search's
-            "capacity_lowered_by": "hold",
         }
+        if lowered:
+            stated |= {
+                "capacity_lowered_from": metrics["capacity_rate"],  # the search's
+                "capacity_lowered_by": "hold",
+            }
     if peak_rate is not None:
         stated["instances_for_peak"] = fleet_for_peak(
             peak_rate, stated["capacity_rate"], stated["capacity_rps"], closed_loop
