@@ -6,6 +6,7 @@ are its own, whatever another run records on the study later (item 3)."""
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from pathlib import Path
@@ -77,6 +78,10 @@ def test_console_export_and_report_state_the_same_held_answer(tmp_path: Path):
     section = re.search(r"Exported config: trial \d+</h2><pre>(.*?)</pre>", report, re.S)
     assert section is not None
     assert yaml.safe_load(section.group(1))["capacity"] == capacity
+    # and `autotune pareto --json` later, from what the study keeps
+    shown = run_autotune("pareto", "--json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["answer"] == capacity
 
 
 def test_the_fleet_is_sized_on_no_more_than_the_load_served():

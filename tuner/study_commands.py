@@ -19,6 +19,7 @@ from tuner.cli_options import storage_option
 from tuner.cli_run import export_trial
 from tuner.console import out
 from tuner.cost import CHIP_COST_ATTR
+from tuner.export import answer_export
 from tuner.front_table import front_table, snapshot_rows
 from tuner.prepare import check_outputs
 from tuner.report import write_report
@@ -101,6 +102,8 @@ def pareto(storage, study_name, as_json):
             f"--study: {study.study_name} has no Pareto snapshot yet (run a study first)"
         )
     rows = snapshot_rows(snap)
+    best = next((t for t in study.trials if t.number == snap.best_trial), None)
+    stated = None if best is None else answer(study, best)
     if as_json:
         click.echo(
             json.dumps(
@@ -110,6 +113,8 @@ def pareto(storage, study_name, as_json):
                     "trials_total": snap.trials_total,
                     "trials_feasible": snap.trials_feasible,
                     "best_trial": snap.best_trial,
+                    # the exported trial's figures, as its export states them (tuner.answer)
+                    "answer": None if stated is None else answer_export(study, stated).capacity,
                     "front": rows,
                 },
                 indent=2,
@@ -117,7 +122,6 @@ def pareto(storage, study_name, as_json):
         )
     else:
         scenario = Scenario.model_validate(study.user_attrs["scenario"])
-        best = next((t for t in study.trials if t.number == snap.best_trial), None)
         out.print(
             front_table(
                 f"SLA-feasible Pareto front of {study.study_name} ({scenario.sla.describe()})",
@@ -125,7 +129,7 @@ def pareto(storage, study_name, as_json):
                 snap.best_trial,
                 scenario,
                 study.user_attrs.get(CHIP_COST_ATTR),
-                None if best is None else answer(study, best),
+                stated,
             )
         )
 
