@@ -87,9 +87,11 @@ def test_console_export_and_report_state_the_same_held_answer(tmp_path: Path):
 def test_the_fleet_is_sized_on_no_more_than_the_load_served():
     """A window whose arrivals ran ahead of the rate served more than it was offered: sizing
     on that would leave the fleet short. 200 req/s at an offered 15.56 needs 13 instances (12
-    would take 16.7 each); served 15.43 of an offered 15.56 needs 13 as well, served 14.3 needs
-    14; a closed loop's rate is requests in flight, so what it served sizes it."""
+    would take 16.7 each, which a window that served 17.0 would claim); served 15.43 of an
+    offered 15.56 needs 13 as well, served 14.3 needs 14; a closed loop's rate is requests in
+    flight, so what it served sizes it."""
     assert fleet_for_peak(PEAK, 15.56, 16.1, closed_loop=False) == 13
+    assert fleet_for_peak(PEAK, 15.56, 17.0, closed_loop=False) == 13  # not 12 on 17.0
     assert fleet_for_peak(PEAK, 15.56, 15.43, closed_loop=False) == 13
     assert fleet_for_peak(PEAK, 15.56, 14.3, closed_loop=False) == 14
     assert fleet_for_peak(PEAK, 64, 20.0, closed_loop=True) == 10
@@ -180,3 +182,24 @@ def test_every_output_states_the_worst_repeat():
     assert stated.throughput == 17.5 * 128
     assert stated.metrics["capacity_lowered_by"] == "repeats"
     assert "lowered from 20 by the repeats" in stated.describe()
+
+
+def test_a_repeat_that_missed_the_sla_leaves_the_capacity_unconfirmed():
+    """Trial 0's repeats (tuner.repeats, a planted engine): the first fresh draw finds 19 req/s,
+    the second misses the SLA. No rate is certain then: the answer marks the capacity unheld
+    and sizes no fleet, rather than stating the 19 of the draw that met."""
+    from tuner.repeats import repeat_pick
+
+    study, (first, _) = _study_with_two_trials()
+    scenario = small_scenario()
+    found = {"capacity_rate": 19.0, "capacity_rps": 19.0, "capacity_output_tokens_per_s": 2432.0}
+    planted = {
+        20: [(100.0, 2432.0, True, found), (100.0, 2000.0, False, found)],
+        18: [(100.0, 2304.0, True, None), (100.0, 2304.0, True, None)],
+    }
+    result = repeat_pick(study, scenario, 3, lambda config, k: planted[config["batch_size"]][k - 1])
+    assert result is not None
+    stated = answer(study, study.trials[first.number], repeats=result)
+    assert stated.repeats is not None and stated.repeats["worst"] == 0.0
+    assert stated.metrics.get("capacity_unheld") is True
+    assert stated.metrics["instances_for_peak"] is None

@@ -132,6 +132,7 @@ def answer_metrics(
         stated |= worst | {
             "capacity_lowered_from": metrics["capacity_rate"],
             "capacity_lowered_by": "repeats",
+            "capacity_at_ceiling": False,
         }
     if hold is not None and hold["held_rate"] is None:
         return stated | {"capacity_unheld": True, "instances_for_peak": None}
@@ -155,6 +156,7 @@ def answer_metrics(
             stated |= {
                 "capacity_lowered_from": metrics["capacity_rate"],  # the search's
                 "capacity_lowered_by": "hold",
+                "capacity_at_ceiling": False,  # the ceiling was the search's, not this rate
             }
     if peak_rate is not None:
         stated["instances_for_peak"] = fleet_for_peak(

@@ -32,6 +32,7 @@ from tuner.study import (
     RANGE_EDGES,
     StudyRun,
     TrialReport,
+    repeats_of,
     snapshot,
     trial_knobs,
 )
@@ -168,13 +169,15 @@ def finish(
     if hold is not None:
         plan = HoldPlan(hold, plan.draws, plan.extension_cap)
     pick = pick_to_hold(study, scenario, repeated)
+    if repeated is None and pick is not None:  # an earlier run's repeats of it: the answer's too
+        repeated = repeats_of(study, pick.number)
     held = None
     if pick is not None and plan.factor:
         with p.phase("hold"):
             held = hold_pick(p.runner, study, scenario, pick, plan, repeated)
     best = _run_best(study, pick, held)
     stated = None if best is None else answer(study, best, held, repeated)
-    snapshot(study, scenario, p.storage)
+    snapshot(study, scenario, p.storage, best)
     snap = latest_snapshot(p.storage, study.study_name)
     assert snap is not None, "snapshot() has just saved one"
     counts = {

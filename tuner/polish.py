@@ -128,12 +128,16 @@ def _discard(run: StudyRun, queued: set[int]) -> None:
     or a prune bound that no longer runs."""
     storage = run.storage if run.storage is not None else run.study._storage  # in memory
     for trial_id in queued & _waiting(run.study):
+        # Claimed as a run claims a queued trial (only a WAITING one can be, under the row's
+        # lock), so a trial another run popped meanwhile is left to it.
         try:
-            for key, value in NOT_RUN.items():
-                storage.set_trial_user_attr(trial_id, key, value)
-            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            if not storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                continue
         except optuna.exceptions.UpdateFinishedTrialError:  # another run measured it meanwhile
             continue
+        for key, value in NOT_RUN.items():
+            storage.set_trial_user_attr(trial_id, key, value)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
 
 
 @dataclass

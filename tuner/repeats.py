@@ -144,8 +144,12 @@ def repeat_pick(
                 "ttft_p99_ms": [r[0] for r in rs],
                 "throughput": [r[1] for r in rs],
                 "met": [r[2] for r in rs],
-                # a repeat that failed searched no capacity: None
-                "capacity": [r.capacity if r.met else None for r in rs],
+                # a capacity search's figures; a repeat that failed or missed the SLA met no
+                # rate: its capacity_rate is None (the worst)
+                "capacity": [
+                    r.capacity if r.met else {"capacity_rate": None} if rs[0].capacity else None
+                    for r in rs
+                ],
             }
             for number, rs in runs.items()
         },

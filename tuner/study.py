@@ -298,10 +298,17 @@ def best_trial(
     return None if key is None else next(t for t in front if t.number == key)
 
 
-def snapshot(study: optuna.Study, scenario: Scenario, storage: optuna.storages.RDBStorage) -> int:
+def snapshot(
+    study: optuna.Study,
+    scenario: Scenario,
+    storage: optuna.storages.RDBStorage,
+    best: FrozenTrial | None = None,
+) -> int:
+    """Save the front; `best`: the run's answer (None: the pick rule's, as the study keeps its
+    hold and repeats)."""
     front = feasible_front(study)
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    best = best_trial(study, scenario)
+    best = best if best is not None else best_trial(study, scenario)
     feasible = sum(1 for t in done if is_feasible(t.constraints))
     members = [(t, trial_knobs(study, t)) for t in front]
     return save_snapshot(
