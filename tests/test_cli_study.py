@@ -120,8 +120,16 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
         "max_prefill_batch_size": min(sampled["max_prefill_batch_size"], sampled["batch_size"])
     }
     assert exported.metrics["ttft_p99_ms"] == chosen.user_attrs["ttft_p99_ms"]
-    assert exported.capacity["output_tokens_per_s"] == chosen.values[1] > 0
-    assert exported.capacity["requests_per_s"] == chosen.user_attrs["capacity_rps"]
+    # the capacity the hold held (its worst draw's figures: tuner.answer), else the search's
+    hold = exported.hold
+    if hold is not None and hold["held_rate"] is not None:
+        held = next(load for load in hold["loads"] if load["rate"] == hold["held_rate"])
+        assert exported.capacity["rate"] == hold["held_rate"]
+        assert exported.capacity["requests_per_s"] == held["requests_per_s"]
+    else:
+        assert exported.capacity["requests_per_s"] == chosen.user_attrs["capacity_rps"]
+    if exported.capacity["rate"] == chosen.user_attrs["capacity_rate"]:  # not lowered
+        assert exported.capacity["output_tokens_per_s"] == chosen.values[1] > 0
     assert (
         exported.native["mindie"]["config_json"]["BackendConfig"]["ScheduleConfig"]["maxBatchSize"]
         == chosen.params["batch_size"]
