@@ -57,7 +57,7 @@ from tuner.study import (
     ran_config,
     unmeasured,
 )
-from tuner.trials import optimize
+from tuner.trials import discard_queued, optimize, waiting_ids
 
 # Default budgets: a simulated trial costs about a second, so the simulator polishes until no
 # neighbour wins (a climb's trial, its capacity searched from its neighbour's, a third of one);
@@ -114,32 +114,6 @@ def measured(run: StudyRun, candidates: list[dict[str, Any]]) -> list[FrozenTria
     ]
 
 
-def _waiting(study: optuna.Study) -> set[int]:
-    """The ids of the study's queued trials."""
-    return {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
-
-
-NOT_RUN = {"status": "fail", "fault_kind": "not-run", "fault": "queued by a run that ended first"}
-
-
-def _discard(run: StudyRun, queued: set[int]) -> None:
-    """Fail the steps this run queued and did not run (its time ran out, or it was stopped):
-    a later run would pop them before its sampler's proposals, and judge them against a climb
-    or a prune bound that no longer runs."""
-    storage = run.storage if run.storage is not None else run.study._storage  # in memory
-    for trial_id in queued & _waiting(run.study):
-        # Claimed as a run claims a queued trial (only a WAITING one can be, under the row's
-        # lock), so a trial another run popped meanwhile is left to it.
-        try:
-            if not storage.set_trial_state_values(trial_id, TrialState.RUNNING):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:  # another run measured it meanwhile
-            continue
-        for key, value in NOT_RUN.items():
-            storage.set_trial_user_attr(trial_id, key, value)
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)
-
-
 @dataclass
 class Polisher:
     """The search after a study's trials: the run, the progress callback, and the time the
@@ -177,18 +151,18 @@ class Polisher:
             return 0
         study = self.run.study
         hint = None if near is None else near.user_attrs.get("capacity_rate")
-        before = _waiting(study)
+        before = waiting_ids(study)
         for params in todo:
             attrs = {CAPACITY_HINT: hint} if hint else {}
             bounds = prune_bounds(self.run, near, params) if prune and near is not None else None
             if bounds is not None:
                 attrs = {CAPACITY_HINT: bounds[0], PRUNE_BELOW: bounds[1]}
             study.enqueue_trial(params, user_attrs=attrs or None)
-        queued = _waiting(study) - before
+        queued = waiting_ids(study) - before
         try:
             return self._optimize(len(todo))
         finally:
-            _discard(self.run, queued)
+            discard_queued(self.run, queued)
 
     def polish(self, budget: int, arm: dict[str, Any] | None = None) -> Polish:
         """Measure the pick's one-knob neighbours until none beats it (the module's rule), at

@@ -290,3 +290,29 @@ def optimize(
             time.sleep(min(1.0, heartbeat_interval(storage)))
         elif _grid_exhausted(run.study):
             break
+
+
+def waiting_ids(study: optuna.Study) -> set[int]:
+    """The ids of the study's queued trials."""
+    return {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+
+
+NOT_RUN = {"status": "fail", "fault_kind": "not-run", "fault": "queued by a run that ended first"}
+
+
+def discard_queued(run: StudyRun, queued: set[int]) -> None:
+    """Fail the steps this run queued and did not run (its time ran out, or it was stopped):
+    a later run would pop them before its sampler's proposals, and judge them against a climb
+    or a prune bound that no longer runs."""
+    storage = run.storage if run.storage is not None else run.study._storage  # in memory
+    for trial_id in queued & waiting_ids(run.study):
+        # Claimed as a run claims a queued trial (only a WAITING one can be, under the row's
+        # lock), so a trial another run popped meanwhile is left to it.
+        try:
+            if not storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:  # another run measured it meanwhile
+            continue
+        for key, value in NOT_RUN.items():
+            storage.set_trial_user_attr(trial_id, key, value)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
