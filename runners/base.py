@@ -29,6 +29,11 @@ class Runner(Protocol):
     def identity(self) -> dict[str, str]:
         """runner, engine, model and hardware names: they name studies and exports."""
 
+    def assumptions(self) -> dict[str, Any]:
+        """The figures and settings its measurements stand on beyond those names (the
+        simulator's profiles, an engine's settings): a study refuses trials measured on other
+        ones (tuner.assumptions)."""
+
     def check_inputs(self) -> None:
         """Check what every trial will read (model config, tokenizer) before a study is written."""
 

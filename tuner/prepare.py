@@ -225,7 +225,10 @@ def prepare(
     if before_writes is not None:
         before_writes(rdb, name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = create_study(rdb, name, optuna_sampler, chosen, identity)
+    assumed = runner.assumptions() | quality.assumptions()
+    study = create_study(
+        rdb, name, optuna_sampler, chosen, identity, assumed, space.distributions()
+    )
     kept = keep_earlier_batch_range(study, space)
     if kept is not space:
         space = kept

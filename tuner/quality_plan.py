@@ -54,6 +54,19 @@ class QualityPlan:
     # the pairs dropped before the study, with their figures
     excluded: list[dict[str, Any]] = field(default_factory=list)
 
+    def assumptions(self) -> dict[str, Any]:
+        """The table's figures of the pairs the space searches (tuner.assumptions): a stricter
+        or corrected table would store other figures beside the study's."""
+        if self.table is None:
+            return {}
+        dropped = [(e["quantization"], float(e["kv_compression"])) for e in self.excluded]
+        figures = {}
+        for pair in [*_pairs(self.space), *dropped]:  # a pair the SLO drops was searched before
+            figure = self.table.figure(pair)
+            shown = None if figure is None else figure.model_dump(mode="json", exclude={"note"})
+            figures[f"{pair[0]} kv {pair[1]:g}"] = shown
+        return {"quality table": figures}
+
     def book(
         self,
         study: optuna.Study,

@@ -21,6 +21,7 @@ from objectives.scoring import (
 )
 from runners.base import Runner
 from search_spaces.space import SearchSpace
+from tuner.assumptions import ATTR as ASSUMPTIONS
 from tuner.quality import QualityBook
 from tuner.quality_plan import default_book, default_scenario
 from tuner.samplers import tpe
@@ -91,7 +92,12 @@ def create_study(
     sampler: optuna.samplers.BaseSampler,
     scenario: Scenario,
     identity: dict[str, str],
+    assumptions: dict[str, Any] | None = None,
+    distributions: dict[str, Any] | None = None,
 ) -> optuna.Study:
+    """Open (or start) the study and record what its trials are measured under; refused
+    (InputError, before anything is written to an existing study) where that differs from
+    what its trials were (tuner.study_guards, tuner.assumptions)."""
     study = optuna.create_study(
         storage=storage,
         study_name=name,
@@ -99,8 +105,10 @@ def create_study(
         directions=list(STUDY_DIRECTIONS),
         load_if_exists=True,
     )
-    check_comparable(name, study, scenario, identity)
+    check_comparable(name, study, scenario, identity, assumptions, distributions)
     study.set_user_attr("scenario", scenario.model_dump(mode="json"))
+    if assumptions:  # merged: a part only this run has (a quality table) joins the record
+        study.set_user_attr(ASSUMPTIONS, study.user_attrs.get(ASSUMPTIONS, {}) | assumptions)
     with warnings.catch_warnings():  # experimental in Optuna; optuna-dashboard shows the names
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(objective_names(scenario)))

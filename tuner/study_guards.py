@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, quality_constraint_values
 from objectives.userfile import InputError
+from tuner.assumptions import ATTR, changed, describe_changes
 
 # What a trial's numbers depend on: a study keeps them, and refuses a scenario that changed them.
 SCENARIO_MEASURES = ("workload", "sla", "load", "pick", "tie_tolerance", "quality")
@@ -20,12 +22,26 @@ MEASURED_BY = ("runner", "engine", "model", "chips")
 
 
 def check_comparable(
-    name: str, study: optuna.Study, scenario: Scenario, identity: dict[str, str]
+    name: str,
+    study: optuna.Study,
+    scenario: Scenario,
+    identity: dict[str, str],
+    assumptions: dict[str, Any] | None = None,
+    distributions: dict[str, BaseDistribution] | None = None,
 ) -> None:
     """Refuse (InputError) a run whose trials could not be compared with the study's own."""
     _check_scenario(name, study, scenario)
     _check_identity(name, study.user_attrs.get("identity"), identity)
     _check_constraint_names(name, study, scenario)
+    recorded = study.user_attrs.get(ATTR)
+    lines = changed(recorded, assumptions) if recorded and assumptions else []
+    if lines:
+        raise InputError(
+            f"--study {name}: its trials were measured on other figures "
+            f"({describe_changes(lines)}), so they cannot be compared; give a new --study name"
+        )
+    # after the figures: a stricter quality table narrows the choices, and says why first
+    _check_choices(name, study, distributions or {})
 
 
 def _check_scenario(name: str, study: optuna.Study, scenario: Scenario) -> None:
@@ -65,6 +81,28 @@ def _check_identity(name: str, recorded: dict[str, str] | None, current: dict[st
             f"--study {name}: its trials were measured with {was}, not {now}; they cannot be "
             "compared, so give a new --study name"
         )
+
+
+def _check_choices(
+    name: str, study: optuna.Study, distributions: dict[str, BaseDistribution]
+) -> None:
+    """Optuna keeps one set of choices per categorical parameter of a study: a run whose space
+    offers others (a narrower --space, a stricter quality SLO) would fail at its first trial."""
+    recorded: dict[str, BaseDistribution] = {}
+    for trial in study.get_trials(deepcopy=False):
+        recorded |= trial.distributions
+    for knob, distribution in distributions.items():
+        old = recorded.get(knob)
+        if (
+            isinstance(old, CategoricalDistribution)
+            and isinstance(distribution, CategoricalDistribution)
+            and old.choices != distribution.choices
+        ):
+            raise InputError(
+                f"--study {name}: knobs.{knob}: this run searches {list(distribution.choices)}, "
+                f"the study's trials {list(old.choices)} (a study keeps one set of choices); "
+                "give a new --study name, or search the study's choices"
+            )
 
 
 def _turns_planned_unpaced(recorded: Any) -> bool:

@@ -70,6 +70,14 @@ class RunnerSettings(BaseModel):
     quality_cache: Path = Path.home() / ".cache" / "autotune" / "quality"
 
 
+# RunnerSettings fields that change nothing a trial measures (a study's workers on several
+# hosts may differ in them).
+NOT_MEASURING = (
+    "port", "hardware", "ready_timeout_s", "request_timeout_s", "stop_grace_s", "log_dir",
+    "quality_cache",
+)  # fmt: skip
+
+
 def load_settings(
     settings_cls: type[RunnerSettings], path: Path | None, **flags: Any
 ) -> RunnerSettings:
@@ -233,6 +241,21 @@ class ServedRunner:
         return None
 
     # -- the Runner interface -------------------------------------------------------------
+    def assumptions(self) -> dict[str, Any]:
+        """The settings that change what a trial measures (the engine, its arguments and
+        environment, threads): not where it listens, logs or waits, nor where files lie
+        (workers on several hosts share a study, each with its own paths)."""
+        settings = self.settings
+        dumped = settings.model_dump(mode="json")
+        kept = {
+            name: dumped[name]
+            for name, field in type(settings).model_fields.items()
+            if name not in NOT_MEASURING and "Path" not in str(field.annotation)
+        }
+        if kept.get("engine_cmd"):  # the program, wherever it is installed
+            kept["engine_cmd"] = [Path(kept["engine_cmd"][0]).name, *kept["engine_cmd"][1:]]
+        return {"runner settings": kept}
+
     def identity(self) -> dict[str, str]:
         identity = {
             "runner": self.name,

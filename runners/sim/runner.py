@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -97,6 +98,12 @@ class SimRunner:
         if self.chips > 1:  # one chip: as studies were before chip budgets
             identity["chips"] = str(self.chips)
         return identity
+
+    def assumptions(self) -> dict[str, Any]:
+        return {
+            "hardware profile": self.hardware.model_dump(mode="json"),
+            "model profile": dataclasses.asdict(self.model),
+        }
 
     def check_inputs(self) -> None:
         pass  # the model and hardware profiles were read and checked when the runner was made
