@@ -185,9 +185,9 @@ def _figure(value: Any, digits: str = ".0f") -> str:
     return "-" if value is None else f"{value:{digits}}"
 
 
-def _deployments(study: optuna.Study, scenario: Scenario) -> str:
+def _deployments(study: optuna.Study, scenario: Scenario, stated: Answer | None) -> str:
     """The section comparing the best co-located and disaggregated configs, when the study
-    searched both."""
+    searched both; the exported one's capacity is the answer's (`stated`), marked held."""
     best = best_by_deployment(study, scenario)
     if best is None:
         return ""
@@ -210,7 +210,9 @@ def _deployments(study: optuna.Study, scenario: Scenario) -> str:
         if t is None:
             rows.append([name, "-", "no trial met the SLA", *["-"] * 6])
             continue
-        attrs = t.user_attrs
+        attrs, throughput, held = t.user_attrs, t.values[1], ""
+        if stated is not None and stated.trial.number == t.number:
+            attrs, throughput, held = stated.metrics, stated.throughput, " (the answer)"
         split = deployment_label(trial_knobs(study, t))
         rows.append(
             [
@@ -222,14 +224,16 @@ def _deployments(study: optuna.Study, scenario: Scenario) -> str:
                 _figure(attrs.get("tpot_p50_ms"), ".1f"),
                 _figure(attrs.get("tpot_p99_ms"), ".1f"),
                 _figure(attrs.get("capacity_rps" if capacity else "requests_per_s"), ".3g"),
-                _figure(t.values[1]),
+                _figure(throughput) + held,
             ]
         )
     line = deployment_comparison(study, scenario)
     return _section(
         f"Co-located vs disaggregated on {chips} chips",
         _table(rows, head)
-        + f"<p>{html.escape(line or 'Only one deployment met the SLA: nothing to compare.')}</p>",
+        + f"<p>{html.escape(line or 'Only one deployment met the SLA: nothing to compare.')}</p>"
+        + "<p>The verdict compares both as the search measured them (the same window rule for "
+        "each); the answer's row states what its hold held.</p>",
     )
 
 
@@ -293,7 +297,7 @@ def build_html(study: optuna.Study, engine, stated: Answer | None = None) -> str
             + _table(ladder, ladder_head)
             + _plot(pareto_figure(study, scenario, front, best)),
         ),
-        _deployments(study, scenario),
+        _deployments(study, scenario, stated),
         _section("Trials", plots),
         _section("Study", summary + f"<pre>{html.escape(scenario_yaml)}</pre>"),
     ]
