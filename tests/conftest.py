@@ -119,3 +119,39 @@ def calibrate_summary(stdout: str) -> dict[str, tuple[float, ...]]:
                 for c in cells[2:6]
             )
     return rows
+
+
+# A child that waits at a gate (two pipes) before running autotune: commands started together.
+GATED = (
+    "import os, sys; import tuner.cli as cli; ready, go = int(sys.argv[1]), int(sys.argv[2]); "
+    "os.write(ready, b'r'); os.read(go, 1); sys.argv = ['autotune'] + sys.argv[3:]; cli.main()"
+)
+
+
+def started_together(commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess]:
+    """The autotune commands, started at once: each waits at a gate until all are up."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", GATED, str(ready_w), str(go_r), *command],
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                pass_fds=(ready_w, go_r),
+            )
+            for command in commands
+        ]
+        for _ in procs:
+            os.read(ready_r, 1)
+        os.write(go_w, b"g" * len(procs))
+        results = []
+        for proc, command in zip(procs, commands, strict=True):
+            stdout, stderr = proc.communicate(timeout=300)
+            results.append(subprocess.CompletedProcess(command, proc.returncode, stdout, stderr))
+        return results
+    finally:
+        for fd in (ready_r, ready_w, go_r, go_w):
+            os.close(fd)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
-from tests.conftest import run_autotune
+from tests.conftest import run_autotune, started_together
 from tests.test_bad_input import _quality_table, _scenario_with, _write
 from tests.test_samplers_and_storage import POSTGRES
 
@@ -442,40 +442,6 @@ def test_a_database_without_optuna_tables_is_refused_untouched(tmp_path: Path):
 
 # Two processes held at a gate until both have imported everything, then let go together: the
 # window in which both find the new database's schema missing (4 of 7 runs outside, every run here).
-_GATED = (
-    "import os, sys; import tuner.cli as cli; ready, go = int(sys.argv[1]), int(sys.argv[2]); "
-    "os.write(ready, b'r'); os.read(go, 1); sys.argv = ['autotune'] + sys.argv[3:]; cli.main()"
-)
-
-
-def _started_together(commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess]:
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    try:
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", _GATED, str(ready_w), str(go_r), *command],
-                cwd=cwd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                pass_fds=(ready_w, go_r),
-            )
-            for command in commands
-        ]
-        for _ in procs:
-            os.read(ready_r, 1)
-        os.write(go_w, b"g" * len(procs))
-        results = []
-        for proc, command in zip(procs, commands, strict=True):
-            stdout, stderr = proc.communicate(timeout=300)
-            results.append(subprocess.CompletedProcess(command, proc.returncode, stdout, stderr))
-        return results
-    finally:
-        for fd in (ready_r, ready_w, go_r, go_w):
-            os.close(fd)
-
-
 @pytest.mark.parametrize("round_", range(3))
 def test_two_first_runs_on_a_new_database_both_complete(
     round_: int, tmp_path: Path, scenario_file: Path
@@ -498,7 +464,7 @@ def test_two_first_runs_on_a_new_database_both_complete(
         + ([] if worker else ["--polish", "0"])  # plain runs only: a worker does not polish
         for i in range(2)
     ]
-    for result in _started_together(commands, tmp_path):
+    for result in started_together(commands, tmp_path):
         assert result.returncode in (0, 3), (
             result.stderr
         )  # 3: no feasible config in so few trials, not an error
@@ -533,7 +499,7 @@ def test_two_first_workers_on_a_new_postgresql_schema_both_complete(
             ]
             for i in range(2)
         ]
-        for result in _started_together(commands, tmp_path):
+        for result in started_together(commands, tmp_path):
             assert result.returncode in (0, 3), result.stderr
         assert (
             len(

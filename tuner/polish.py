@@ -133,6 +133,16 @@ class Polisher:
         left = self._left_s()
         return (left is None or left > 0) and not has_running_trials(self.run.study)
 
+    def why_idle(self) -> str:
+        """Why _may_run said no, exactly."""
+        left = self._left_s()
+        if left is not None and left <= 0:
+            return "no time left (--timeout): the pick is exported unpolished"
+        return (
+            "another run was adding trials to the study, so this one gave way: the pick is "
+            "exported unpolished (a later plain run on the study polishes it)"
+        )
+
     def _optimize(self, n: int) -> int:
         """Run `n` trials for real (the screen, if any, stands aside); how many ran."""
         before = len(self.run.reports)
@@ -282,7 +292,7 @@ class Polisher:
         result.trials += ran
         result.pruned += sum(r.status == "pruned" for r in self.run.reports[before:])
         if todo and ran == 0:
-            result.idle = "no time left, or another run is adding trials to the study"
+            result.idle = self.why_idle()
         # A step that runs as `here` does (a prefill batch clamped to the batch) is no move.
         stays = ran_config(self.run, here)
         moves = [t for t in measured(self.run, steps) if ran_config(self.run, t) != stays]
