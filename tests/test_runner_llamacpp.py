@@ -558,3 +558,25 @@ def test_a_port_taken_before_the_engine_binds_it_is_retried_on_another(
         holder.close()
     assert m.fault is None and m.ok.all(), m.fault
     assert extra["port_retries"] == 1 and extra["port"] != taken
+
+
+def test_a_study_records_the_engines_version_and_its_threads(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
+    """What a llama-server study's figures stand on (issue 42, item 2): the version the engine
+    itself reports, and -t, which changes its throughput; a rebuilt engine or another thread
+    count is then named by the study's refusal (tuner.assumptions)."""
+    from tuner.assumptions import changed
+
+    one = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, threads=1).assumptions()
+    reported = subprocess.run(
+        [str(llama_server), "--version"], capture_output=True, text=True, check=False
+    )
+    version = next(
+        line.strip()
+        for line in (reported.stdout + reported.stderr).splitlines()
+        if line.startswith("version:")
+    )
+    assert one["engine version"] == version
+    two = make_runner(llama_server, tiny_model, tmp_path, gguf_cache, threads=2).assumptions()
+    assert changed(one, two) == ["runner settings threads 1 -> 2"]
