@@ -33,3 +33,29 @@ def test_a_storage_without_transactions_gets_them_one_by_one():
     trial = study.ask()
     set_user_attrs(trial, ATTRS)
     assert trial.user_attrs == ATTRS
+
+
+def test_a_row_another_process_wrote_first_loses_no_attribute(tmp_path: Path, monkeypatch):
+    """Another worker writes one of the keys between this transaction's read and its commit
+    (planted: the writer raises the unique-key IntegrityError that race raises at the
+    second key). The transaction rolls back whole; every attribute must still be set, one by
+    one as Optuna's own setter writes them (it ignored the error and lost all three)."""
+    from sqlalchemy.exc import IntegrityError
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    real = storage._set_trial_attr_without_commit
+    written: list[str] = []
+
+    def racing(session, model, trial_id, key, value):
+        written.append(key)
+        if len(written) == 2:
+            raise IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))
+        real(session, model, trial_id, key, value)
+
+    monkeypatch.setattr(storage, "_set_trial_attr_without_commit", racing)
+    set_user_attrs(trial, ATTRS)
+    again = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+    assert again.trials[0].user_attrs == ATTRS

@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import RDBStorage
+from sqlalchemy.exc import IntegrityError
 
 try:
     from optuna.storages._rdb import models
@@ -29,11 +30,15 @@ def set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
     write = getattr(backend, "_set_trial_attr_without_commit", None)
     if models is not None and isinstance(backend, RDBStorage) and write is not None:
         try:
-            # as Optuna's own setter: a row another process wrote first is no error
-            with _create_scoped_session(backend.scoped_session, True) as session:
+            with _create_scoped_session(backend.scoped_session) as session:
                 for key, value in attrs.items():
                     write(session, models.TrialUserAttributeModel, trial._trial_id, key, value)
         except TypeError:  # a later Optuna's writer takes other arguments: one by one
+            pass
+        except IntegrityError:
+            # A row another process wrote first rolled the whole transaction back (Optuna's
+            # own setter would have ignored it and lost every attribute with it): one by one,
+            # each as Optuna's setter writes it.
             pass
         else:
             # what trial.user_attrs reads back, as set_user_attr keeps it
