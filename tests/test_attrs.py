@@ -59,3 +59,35 @@ def test_a_row_another_process_wrote_first_loses_no_attribute(tmp_path: Path, mo
     set_user_attrs(trial, ATTRS)
     again = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
     assert again.trials[0].user_attrs == ATTRS
+
+
+def test_what_a_load_measured_is_kept_when_scoring_it_fails(tmp_path: Path, monkeypatch):
+    """A failure after the load and before the trial's one attribute write (planted: the
+    constraints' writer raises) kept nothing the simulation measured; now the measured
+    attributes are on the trial before the error goes on."""
+    import pytest
+
+    import tuner.trials
+    from runners.sim.runner import SimRunner
+    from search_spaces.space import SearchSpace
+    from tests.conftest import small_scenario
+    from tuner.storage import open_storage
+    from tuner.study import StudyRun, create_study
+
+    scenario, runner = small_scenario(requests=200), SimRunner()
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = create_study(
+        storage, "s", optuna.samplers.RandomSampler(seed=0), scenario, runner.identity()
+    )
+    space = SearchSpace.load("mindie").fit_workload(scenario.workload)
+    run = StudyRun(study, scenario, space, runner, storage)
+
+    def broken(trial, constraints):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(tuner.trials, "record_constraints", broken)
+    with pytest.raises(RuntimeError, match="planted"):
+        tuner.trials.optimize(run, 1, None)
+    (trial,) = optuna.load_study(study_name="s", storage=storage).trials
+    assert trial.user_attrs["capacity_rate"] is not None or "capacity_note" in trial.user_attrs
+    assert "ttft_p99_ms" in trial.user_attrs

@@ -163,11 +163,15 @@ def _record(run: StudyRun, job: _Job, evaluation: Evaluation) -> TrialReport:
             ),
             attrs,
         )
-    quality = book.trial_attrs(config)
-    constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(
-        trial_figures(quality), scenario.quality
-    )
-    record_constraints(trial, constraints)
+    try:
+        quality = book.trial_attrs(config)
+        constraints = constraint_values(metrics, scenario.sla) | quality_constraint_values(
+            trial_figures(quality), scenario.quality
+        )
+        record_constraints(trial, constraints)
+    except BaseException:  # what the load measured is kept, whatever failed after it
+        set_user_attrs(trial, attrs)
+        raise
     status = "feasible" if is_feasible(constraints) else "violates-sla"
     set_user_attrs(trial, attrs | quality | {"status": status})
     _tell(run.study, trial, list(values))
