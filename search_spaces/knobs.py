@@ -106,7 +106,12 @@ MINDIE_PREFIX_CACHE_PLUGIN = '{"plugin_type":"prefix_cache"}'
 
 
 def _mindie_prefix_caching(on: bool) -> dict[str, Any]:
-    return {"model_config": {"plugin_params": MINDIE_PREFIX_CACHE_PLUGIN if on else ""}}
+    # MindIE 1.0 also reads ScheduleConfig.enablePrefixCache beside the plugin (2.x ignores it,
+    # with a warning): both, so one config.json serves either.
+    return {
+        "config": {"ScheduleConfig": {"enablePrefixCache": bool(on)}},
+        "model_config": {"plugin_params": MINDIE_PREFIX_CACHE_PLUGIN if on else ""},
+    }
 
 
 # MindIE's swap pool (ModelConfig cpuMemSize, GB): its documented default and recommended value,

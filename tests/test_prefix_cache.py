@@ -193,6 +193,9 @@ def test_each_engine_says_prefix_caching_in_its_own_words():
         "plugin_params": '{"plugin_type":"prefix_cache"}'
     }
     assert render("mindie", off)["model_config"] == {"plugin_params": ""}
+    # MindIE 1.0 reads its scheduler's switch beside the plugin (2.x ignores it)
+    assert render("mindie", on)["config"]["ScheduleConfig"] == {"enablePrefixCache": True}
+    assert render("mindie", off)["config"]["ScheduleConfig"] == {"enablePrefixCache": False}
 
 
 def test_the_space_searches_prefix_caching_only_where_prompts_share_a_prefix(tmp_path):
