@@ -5,6 +5,10 @@ rows in a real SQLite file, and the workers really run at once."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -82,6 +86,25 @@ def test_a_claim_whose_holder_died_is_taken_over_once_stale(tmp_path: Path):
         )
     assert claim_pair(storage, "q", "w8a8@0.5", stale_after_s=900)  # its holder is gone
     assert not claim_pair(storage, "q", "w8a8@0.5", stale_after_s=900)  # and now it is held
+
+
+def test_a_fresh_claim_of_a_process_gone_from_this_host_is_taken_over_at_once(tmp_path: Path):
+    """A worker killed holding a claim, or a study deleted and recreated under its name, left
+    a fresh claim row: its holder (host:pid) is a process of this host that no longer runs,
+    so the next trial takes it over now, not 900 s later; a live holder's claim stays."""
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}", 60)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    with Session(storage.engine) as session, session.begin():
+        for pair, pid in (("w8a8@0.5", gone.stdout.strip()), ("w4a16@1", str(os.getppid()))):
+            session.add(
+                QualityClaim(
+                    study_name="q", pair=pair, holder=f"{socket.gethostname()}:{pid}",
+                    claimed_at=datetime.now(timezone.utc),
+                )
+            )  # fmt: skip
+    assert claim_pair(storage, "q", "w8a8@0.5", stale_after_s=900)
+    assert not claim_pair(storage, "q", "w4a16@1", stale_after_s=900)  # its holder runs
 
 
 class _FlakyReference:

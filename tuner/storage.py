@@ -322,16 +322,39 @@ def claim_pair(
         pass
     stale = now - timedelta(seconds=stale_after_s)
     with Session(storage.engine) as session, session.begin():
+        holder = session.scalar(
+            select(QualityClaim.holder).where(
+                QualityClaim.study_name == study_name, QualityClaim.pair == pair
+            )
+        )
+        # A holder on this host whose process is gone died holding it (or held it for a study
+        # since deleted and recreated under the same name): no need to wait for it to go stale.
+        gone = holder is not None and _dead_here(holder)
         taken = session.execute(
             update(QualityClaim)
             .where(
                 QualityClaim.study_name == study_name,
                 QualityClaim.pair == pair,
-                QualityClaim.claimed_at < stale,
+                (QualityClaim.holder == holder) if gone else (QualityClaim.claimed_at < stale),
             )
             .values(holder=WORKER, claimed_at=now)
         )
         return rows_matched(taken) == 1
+
+
+def _dead_here(holder: str) -> bool:
+    """Whether `holder` (host:pid, as WORKER) names a process of this host that no longer
+    runs."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: it runs
+        return False
+    return False
 
 
 def release_pair(storage: optuna.storages.RDBStorage, study_name: str, pair: str) -> None:
