@@ -64,8 +64,9 @@ def front_table(
     columns += ["quality", "p99 n"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
-    if stated is not None and stated.trial.number == best:  # the answer's figures, as shown
-        answer_row = {"output_tokens_per_s": stated.throughput, "metrics": stated.metrics}
+    answered = stated if stated is not None and stated.trial.number == best else None
+    if answered is not None:  # the answer's figures, as shown
+        answer_row = {"output_tokens_per_s": answered.throughput, "metrics": answered.metrics}
         rows = [row | answer_row if row["trial"] == best else row for row in rows]
     shown, alike = _collapse_ties(rows, best)
     captions = []
@@ -76,13 +77,13 @@ def front_table(
                 f"trial {kept} and {', '.join(map(str, others))}" for kept, others in alike.items()
             )
         )
-    lowered = stated is not None and "capacity_lowered_from" in stated.metrics
-    if stated is not None and lowered and stated.trial.number == best:
+    stated_metrics = {} if answered is None else answered.metrics
+    if "capacity_lowered_from" in stated_metrics:
         captions.append(
-            f"* trial {best}: the capacity its {stated.metrics['capacity_lowered_by']} confirmed, "
-            f"lowered from the search's {stated.metrics['capacity_lowered_from']:.4g}"
+            f"* trial {best}: the capacity its {stated_metrics['capacity_lowered_by']} confirmed, "
+            f"lowered from the search's {stated_metrics['capacity_lowered_from']:.4g}"
         )
-    if stated is not None and stated.metrics.get("capacity_unheld") and stated.trial.number == best:
+    if stated_metrics.get("capacity_unheld"):
         captions.append(f"* trial {best}: its capacity is the search's, which no hold confirmed")
     if captions:
         table.caption = "\n".join(captions)

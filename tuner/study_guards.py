@@ -6,7 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    check_distribution_compatibility,
+)
 from optuna.trial import TrialState
 
 from objectives.scenario import Scenario
@@ -87,22 +91,30 @@ def _check_choices(
     name: str, study: optuna.Study, distributions: dict[str, BaseDistribution]
 ) -> None:
     """Optuna keeps one set of choices per categorical parameter of a study: a run whose space
-    offers others (a narrower --space, a stricter quality SLO) would fail at its first trial."""
+    offers others (a narrower --space, a stricter quality SLO) would fail at its first trial.
+    Judged by Optuna's own rule (check_distribution_compatibility), which its storage applies
+    when the trial sets the parameter."""
     recorded: dict[str, BaseDistribution] = {}
     for trial in study.get_trials(deepcopy=False):
         recorded |= trial.distributions
     for knob, distribution in distributions.items():
         old = recorded.get(knob)
-        if (
-            isinstance(old, CategoricalDistribution)
-            and isinstance(distribution, CategoricalDistribution)
-            and old.choices != distribution.choices
-        ):
-            raise InputError(
-                f"--study {name}: knobs.{knob}: this run searches {list(distribution.choices)}, "
-                f"the study's trials {list(old.choices)} (a study keeps one set of choices); "
-                "give a new --study name, or search the study's choices"
+        if old is None:
+            continue
+        try:
+            check_distribution_compatibility(old, distribution)
+        except ValueError as error:
+            searched = (
+                f"this run searches {list(distribution.choices)}, the study's trials "
+                f"{list(old.choices)} (a study keeps one set of choices)"
+                if isinstance(old, CategoricalDistribution)
+                and isinstance(distribution, CategoricalDistribution)
+                else str(error)
             )
+            raise InputError(
+                f"--study {name}: knobs.{knob}: {searched}; give a new --study name, or search "
+                "the study's choices"
+            ) from None
 
 
 def _turns_planned_unpaced(recorded: Any) -> bool:
