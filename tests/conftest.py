@@ -5,10 +5,14 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
+from sqlalchemy import create_engine, text
 
 from objectives.scenario import Scenario, load_scenario
 from testing.engines import engine_executable, engine_folder, engine_installed
@@ -155,3 +159,23 @@ def started_together(commands: list[list[str]], cwd: Path) -> list[subprocess.Co
     finally:
         for fd in (ready_r, ready_w, go_r, go_w):
             os.close(fd)
+
+
+# The real PostgreSQL every storage test uses (trust auth, database `test`).
+POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@contextmanager
+def postgres_schema(prefix: str) -> Iterator[str]:
+    """A storage URL on a schema of its own, dropped afterwards: a first run's table creation
+    there races as on a new database."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(POSTGRES)
+    with engine.begin() as connection:
+        connection.execute(text(f"create schema {schema}"))
+    try:
+        yield f"{POSTGRES}?options=-csearch_path%3D{schema}"
+    finally:
+        with engine.begin() as connection:
+            connection.execute(text(f"drop schema {schema} cascade"))
+        engine.dispose()

@@ -9,17 +9,14 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from sqlalchemy import create_engine, text
 
-from tests.conftest import run_autotune, started_together
+from tests.conftest import postgres_schema, run_autotune, started_together
 from tests.test_bad_input import _quality_table, _scenario_with, _write
-from tests.test_samplers_and_storage import POSTGRES
 
 # 10 values, each level ten of the one before: 10^8 once expanded, in 400 bytes.
 ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -478,12 +475,7 @@ def test_two_first_workers_on_a_new_postgresql_schema_both_complete(
     tmp_path: Path, scenario_file: Path
 ):
     """The same race on PostgreSQL (pg_type's unique index there), in a schema of its own."""
-    schema = f"race_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(POSTGRES)
-    with engine.begin() as connection:
-        connection.execute(text(f"create schema {schema}"))
-    try:
-        url = f"{POSTGRES}?options=-csearch_path%3D{schema}"
+    with postgres_schema("race") as url:
         commands = [
             [
                 "worker",
@@ -509,7 +501,3 @@ def test_two_first_workers_on_a_new_postgresql_schema_both_complete(
             )
             == 4
         )
-    finally:
-        with engine.begin() as connection:
-            connection.execute(text(f"drop schema {schema} cascade"))
-        engine.dispose()

@@ -5,14 +5,11 @@ that hold held, and a run that gave its polish way to the other says so."""
 from __future__ import annotations
 
 import re
-import uuid
 from pathlib import Path
 
 import yaml
-from sqlalchemy import create_engine, text
 
-from tests.conftest import started_together
-from tests.test_samplers_and_storage import POSTGRES
+from tests.conftest import postgres_schema, started_together
 
 # "hold: trial 3 at 14.9 req/s ...: ... the export's capacity is 14.27 req/s" or "... holds"
 HOLD_LINE = re.compile(r"^hold: trial (\d+) at ([\d.]+) ")
@@ -54,15 +51,6 @@ def test_two_plain_runs_on_sqlite_each_export_their_own_hold(tmp_path: Path, sce
 
 
 def test_two_plain_runs_on_postgresql_each_export_their_own_hold(tmp_path: Path, scenario_file):
-    schema = f"runs_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(POSTGRES)
-    with engine.begin() as connection:
-        connection.execute(text(f"create schema {schema}"))
-    try:
-        url = f"{POSTGRES}?options=-csearch_path%3D{schema}"
+    with postgres_schema("runs") as url:
         results = started_together(_commands(url, tmp_path, scenario_file), tmp_path)
         _check_each_run(results, tmp_path)
-    finally:
-        with engine.begin() as connection:
-            connection.execute(text(f"drop schema {schema} cascade"))
-        engine.dispose()

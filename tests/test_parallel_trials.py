@@ -15,9 +15,8 @@ import pytest
 import yaml
 
 from testing.exports import without_wall_clock
-from tests.conftest import run_autotune
+from tests.conftest import POSTGRES, run_autotune
 
-POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TRIALS, POLISH = 12, 8  # past TPE's 10 random startup trials: its model proposes in batches
 
 

@@ -14,13 +14,11 @@ from objectives.scoring import is_feasible
 from objectives.userfile import InputError
 from runners.sim.runner import SimRunner
 from search_spaces.space import SearchSpace
-from tests.conftest import require_module, run_autotune, small_scenario
+from tests.conftest import POSTGRES, require_module, run_autotune, small_scenario
 from tuner.samplers import SAMPLERS, describe, make_sampler
 from tuner.storage import latest_snapshot, open_storage
 from tuner.study import StudyRun, create_study, snapshot
 from tuner.trials import optimize
-
-POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def _run(storage_url: str, sampler: str, name: str, trials: int = 6):

@@ -15,10 +15,8 @@ import yaml
 from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
 
-from tests.conftest import run_autotune, small_scenario
+from tests.conftest import POSTGRES, run_autotune, small_scenario
 from tuner.storage import latest_snapshot, open_storage
-
-POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def _scenario(tmp_path: Path, requests: int) -> Path:
