@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import statistics
@@ -65,13 +66,16 @@ def _measure_loads(repeat: int) -> list[dict]:
                 "steps": int(measurement.extra.get("steps", 0)),
                 "cpu_s": statistics.median(seconds),
                 "hash": digest.hexdigest()[:16],
+                "core": getattr(importlib.import_module("runners.sim"), "CORE", "source"),
             }
         )
     return rows
 
 
-def _in_tree(tree: Path, repeat: int) -> list[dict]:
-    env = os.environ | {"PYTHONPATH": str(tree)}
+def _in_tree(tree: Path, repeat: int, pure: bool = False) -> list[dict]:
+    """Each load measured by the tree in its own process (pure: its source, not its compiled
+    core: runners/sim/compiled.py)."""
+    env = os.environ | {"PYTHONPATH": str(tree)} | ({"AUTOTUNE_PURE_PYTHON": "1"} if pure else {})
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import bench_sim; "
         "print(json.dumps(bench_sim._measure_loads(int(sys.argv[2]))))"
@@ -106,27 +110,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         _extract(args.baseline, Path(work))
         old = _in_tree(Path(work), args.repeat)
+    source = _in_tree(ROOT, args.repeat, pure=True)
     new = _in_tree(ROOT, args.repeat)
+    print(f"new tree's simulator: {new[0]['core']}")
     print(
         f"{'load':38} {'requests':>8} {'steps':>9} {'old req/CPU-s':>13} "
-        f"{'new req/CPU-s':>13} {'new steps/CPU-s':>15} {'ratio':>6}  same"
+        f"{'new, source':>11} {'new req/CPU-s':>13} {'new steps/CPU-s':>15} {'ratio':>6}  same"
     )
-    totals = {"old": 0.0, "new": 0.0, "requests": 0}
-    for before, after in zip(old, new, strict=True):
-        same = before["hash"] == after["hash"] and before["steps"] == after["steps"]
-        totals["old"] += before["cpu_s"]
-        totals["new"] += after["cpu_s"]
+    totals = {"old": 0.0, "source": 0.0, "new": 0.0, "requests": 0}
+    for before, interpreted, after in zip(old, source, new, strict=True):
+        same = {(row["hash"], row["steps"]) for row in (before, interpreted, after)}
+        for key, row in (("old", before), ("source", interpreted), ("new", after)):
+            totals[key] += row["cpu_s"]
         totals["requests"] += after["requests"]
         print(
             f"{after['load']:38} {after['requests']:>8} {after['steps']:>9} "
             f"{before['requests'] / before['cpu_s']:>13,.0f} "
+            f"{interpreted['requests'] / interpreted['cpu_s']:>11,.0f} "
             f"{after['requests'] / after['cpu_s']:>13,.0f} "
             f"{after['steps'] / after['cpu_s']:>15,.0f} "
-            f"{before['cpu_s'] / after['cpu_s']:>5.2f}x  {'yes' if same else 'NO'}"
+            f"{before['cpu_s'] / after['cpu_s']:>5.2f}x  {'yes' if len(same) == 1 else 'NO'}"
         )
+    per_s = {key: totals["requests"] / totals[key] for key in ("old", "source", "new")}
     print(
-        f"all loads: {totals['requests'] / totals['old']:,.0f} -> "
-        f"{totals['requests'] / totals['new']:,.0f} simulated requests per CPU second "
+        f"all loads: {per_s['old']:,.0f} (old) -> {per_s['source']:,.0f} (new, source) -> "
+        f"{per_s['new']:,.0f} (new) simulated requests per CPU second "
         f"({totals['old'] / totals['new']:.2f}x; baseline {args.baseline})"
     )
 

@@ -1,14 +1,17 @@
 """The main job's wall and CPU time, as a user runs it (`autotune --scenario NAME`, its
 defaults), beside an older revision of the code in the same run, and the export each writes.
 
-For each scenario: the old tree (`--old`, a git revision, extracted with git archive), this
-tree on every core, and this tree with AUTOTUNE_SIM_PROCESSES=1 (its batches on one process:
-the same study, so the same export, is the claim). Each line prints the wall and CPU seconds
-(the children's included), the job's own `time:` line, the exported capacity, and a hash of
-the export less its wall-clock fields. `--repeat N` alternates them N times and prints the
-medians (this machine is shared: one run moves by 10%).
+For each scenario: the old tree (`--old`, a git revision, extracted with git archive), this tree
+as installed (its simulator compiled), with `--source` this tree with its simulator run from
+source (AUTOTUNE_PURE_PYTHON=1: runners/sim/compiled.py), and with `--one-process` this tree
+with AUTOTUNE_SIM_PROCESSES=1 (its batches on one process: the same study, so the same export,
+is the claim). The old tree runs as source: it is extracted, not built. Each line prints the
+wall and CPU seconds (the children's included), the job's own `time:` line, the exported
+capacity, and a hash of the export less its wall-clock fields. `--repeat N` alternates them N
+times and prints the medians (this machine is shared: one run moves by 10%).
 
-python bench/bench_study.py [scenario ...] [--old REV] [--seed N] [--repeat N]
+python bench/bench_study.py [scenario ...] [--old REV] [--seed N] [--repeat N] [--source]
+    [--one-process]
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ def _export_hash(path: Path) -> tuple[str, str]:
     if not path.exists():
         return "-", "none"
     exported = yaml.safe_load(path.read_text())
-    capacity = (exported.get("capacity") or {}).get("rate")
+    summary = exported.get("capacity") or {}
+    capacity, unit = summary.get("rate"), summary.get("rate_unit", "req/s")
     digest = hashlib.sha256(yaml.safe_dump(without_wall_clock(exported)).encode()).hexdigest()[:12]
-    return f"{capacity:.4g} req/s" if capacity else "-", digest
+    return f"{capacity:.4g} {unit}" if capacity else "-", digest
 
 
 def _run(tree: Path, scenario: str, seed: int, env: dict[str, str]) -> dict:
@@ -82,9 +86,11 @@ def _extract(revision: str, into: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenarios", nargs="*", default=["customer-service"])
-    parser.add_argument("--old", default="34a9ab5", help="the revision to compare against")
+    parser.add_argument("--old", default="65141e5", help="the revision to compare against")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--source", action="store_true", help="also the simulator's source")
+    parser.add_argument("--one-process", action="store_true", help="also on one process")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as old_dir:
         old = Path(old_dir)
@@ -92,8 +98,11 @@ def main() -> None:
         variants = [
             (f"old ({args.old})", old, {}),
             ("new", ROOT, {}),
-            ("new, 1 process", ROOT, {"AUTOTUNE_SIM_PROCESSES": "1"}),
         ]
+        if args.source:
+            variants.append(("new, source", ROOT, {"AUTOTUNE_PURE_PYTHON": "1"}))
+        if args.one_process:
+            variants.append(("new, 1 process", ROOT, {"AUTOTUNE_SIM_PROCESSES": "1"}))
         for scenario in args.scenarios:
             runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
             for _ in range(args.repeat):
@@ -109,8 +118,9 @@ def main() -> None:
                     f"#{last['hash']}; {last['time']}",
                     flush=True,
                 )
-            same = runs["new"][-1]["hash"] == runs["new, 1 process"][-1]["hash"]
-            print(f"{scenario:20} every core and one process export the same: {same}", flush=True)
+            exports = {name: runs[name][-1]["hash"] for name, _, _ in variants}
+            same = len(set(exports.values())) == 1
+            print(f"{scenario:20} every variant exports the same: {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,33 +1,24 @@
 """How the engine simulation admits waiting requests: the prompts a step takes within its token
 budget, seats and free KV blocks, and through a prefix cache (runners.sim.prefix_cache) what
 each finds cached, on the device or in the host tier, what it computes, and the blocks it
-hands to the cache. A mixin of runners.sim.engine.Simulation, whose state it reads."""
+hands to the cache. A layer of runners.sim.engine.Simulation (on runners.sim.swap)."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
 from runners.load.workload import NO_PREFIX
 from runners.sim.prefix_cache import PrefixCache
+from runners.sim.swap import Swapping
 
 
-class Admission:
+class Admission(Swapping):
     waiting: deque[int]
-    swapped: dict[int, int]  # runners.sim.swap's
-    restored: list[int]
-    _swap_back: Callable[[int], float]
-    stats: dict[str, int]
-    reload_s: float
     prefix_cache: PrefixCache | None
     prefix: list[int]
-    cached: list[int]
-    blocks: list[int]
-    prompt: list[int]
     free_blocks: int
     total_blocks: int
     peak_used: int
-    block_tokens: int
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)

@@ -2,9 +2,9 @@
 loop's as earlier ones finish, and a workload's sessions (runners.load.sessions): a session's first
 turn when it starts (an open loop) or when a user is free (a closed loop of users), each later
 turn a think time after the previous answer reached the client (an open loop's not before its
-planned time, runners.load.sessions), and with a prefix cache the
-session's history kept as a cached prefix between its turns, where the next turn finds it if
-memory did not need it meanwhile. A mixin of runners.sim.engine.Simulation.
+planned time, runners.load.sessions), and with a prefix cache the session's history kept as a
+cached prefix between its turns, where the next turn finds it if memory did not need it
+meanwhile. A layer of runners.sim.engine.Simulation (on runners.sim.admission).
 
 A session in progress when the test starts brings its history, warmed into the cache before it
 as memory allows (runners.load.sessions). A session's history is held as one cache entry: the
@@ -18,12 +18,11 @@ one): the seed's cold requests.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 
 import numpy as np
 
 from runners.load.sessions import SessionPlan
-from runners.sim.prefix_cache import PrefixCache
+from runners.sim.admission import Admission
 
 
 def session_key(session: int) -> int:
@@ -31,7 +30,7 @@ def session_key(session: int) -> int:
     return -2 - session
 
 
-class Arrivals:
+class Arrivals(Admission):
     sessions: SessionPlan | None
     arrivals: np.ndarray | None
     arrival_times: list[float] | None  # the same, as Python floats: read on every step
@@ -41,17 +40,9 @@ class Arrivals:
     sent_count: int
     turn_heap: list[tuple[float, int]]
     next_session: int
-    waiting: deque[int]
     send: list[float]
-    prompt: list[int]
-    prefix: list[int]
-    cached: list[int]
-    blocks: list[int]
-    free_blocks: int
-    block_tokens: int
     input_tokens: np.ndarray
     output_tokens: list[int]
-    prefix_cache: PrefixCache | None
     latency_s: float
     now: float
 

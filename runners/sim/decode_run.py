@@ -4,51 +4,44 @@ its loop, the policy's choice and a step's bookkeeping for each; a run does the 
 loop of its own, checking after each what run's next pass would do (admit what has arrived, then
 choose), and goes on only while that is a decode step again. Its steps are those of one
 _decode_step after another, to the float (tests/test_sim_speed.py replays captured studies
-against the step-at-a-time code). A mixin of runners.sim.engine.Simulation."""
+against the step-at-a-time code). A layer of runners.sim.engine.Simulation (on
+runners.sim.arrivals)."""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
-
-from runners.load.sessions import SessionPlan
+from runners.sim.arrivals import Arrivals
 from runners.sim.costs import CostModel
 from runners.sim.scheduler import Scheduler, TraceStep
-from runners.sim.swap import SwapSpace
 
 STALLED = "simulation stalled: waiting requests fit nowhere"
 
 
-class DecodeRun:
+class DecodeRun(Arrivals):
     cost: CostModel
     scheduler: Scheduler
-    swap: SwapSpace | None
-    swaps_left: int
-    waiting: deque[int]
     decoding: dict[int, None]
     prefilling: dict[int, int]
     finish_heap: list[tuple[int, int, int]]
     block_heap: list[tuple[int, int, int]]
-    stats: dict[str, int]
     trace: list[TraceStep] | None
-    prompt: list[int]
-    now: float
-    reload_s: float
     decode_steps: int
     decoding_context: int
     decode_waste: float
     finished_count: int
     decode_runs: bool  # False: one step a call, as run() would take them (the tests' reference)
-    arrival_times: list[float] | None
-    next_arrival: int
-    sessions: SessionPlan | None
-    turn_heap: list[tuple[float, int]]
 
-    _grow_blocks: Callable[[], None]
-    _retire_decoders: Callable[[], None]
-    _admit_arrivals: Callable[[], None]
-    _chunked_step: Callable[[], None]
-    _whole_prefill_step: Callable[[], None]
+    # Simulation's steps, which a run takes too: declared on the layer that calls them.
+    def _grow_blocks(self) -> None:
+        raise NotImplementedError
+
+    def _retire_decoders(self) -> None:
+        raise NotImplementedError
+
+    def _chunked_step(self) -> None:
+        raise NotImplementedError
+
+    def _whole_prefill_step(self) -> None:
+        raise NotImplementedError
 
     def _decode_steps(self, grown: bool = False) -> None:
         """Decode steps while run() would choose one after each; `grown`: the first step's

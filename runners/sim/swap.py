@@ -6,7 +6,7 @@ readmitted, it copies them back and goes on decoding, where a request preempted 
 generated again. Both copies wait on the host link: swapping beats recomputing on a fast link
 and for long contexts, and loses on a slow one (search_spaces/memory-options.md, section 3).
 
-A mixin of runners.sim.engine.Simulation. A request swapped back rejoins through the prefill
+The first layer of runners.sim.engine.Simulation. A request swapped back rejoins through the prefill
 path with all but one token of its context restored, so its step computes that one token (the
 step it would have decoded), over its whole context."""
 
