@@ -201,6 +201,32 @@ def test_rendered_config_carries_the_knobs_and_leaves_the_installed_file_alone(
     assert _digest(installed) == before
 
 
+def test_assumptions_name_the_installed_version_and_config_stand_in(tmp_path, tiny_model):
+    """MindIE itself cannot run here (a stand-in install): what a MindIE study's figures stand
+    on includes the installation's version file and the installed config.json's content, so a
+    MindIE upgrade or an edited installed config is named when a run resumes the study."""
+    from tuner.assumptions import changed
+
+    install = tmp_path / "mindie-service"
+    (install / "conf").mkdir(parents=True)
+    (install / "conf" / "config.json").write_text(json.dumps(INSTALLED, indent=2))
+    (install / "version").write_text("Ascend-mindie-service 2.3.0\n")
+    before = _runner(install, tiny_model, tmp_path).assumptions()
+    assert before["engine version"] == "Ascend-mindie-service 2.3.0"
+    reindented = json.dumps(INSTALLED)  # the same content: no change
+    (install / "conf" / "config.json").write_text(reindented)
+    assert changed(before, _runner(install, tiny_model, tmp_path).assumptions()) == []
+    edited = json.loads(reindented)
+    edited["ServerConfig"] = {**edited.get("ServerConfig", {}), "maxLinkNum": 7}
+    (install / "conf" / "config.json").write_text(json.dumps(edited))
+    (install / "version").write_text("Ascend-mindie-service 2.3.1\n")
+    after = _runner(install, tiny_model, tmp_path).assumptions()
+    assert [line.split(" ->")[0] for line in changed(before, after)] == [
+        "engine version Ascend-mindie-service 2.3.0",
+        f"installed config.json sha256 {before['installed config.json sha256']}",
+    ]
+
+
 def test_a_field_outside_mindies_range_is_refused(mindie_install, tiny_model, tmp_path):
     runner = _runner(mindie_install, tiny_model, tmp_path)
     with pytest.raises(InputError, match=r"maxBatchSize: 6000 is outside MindIE's range 1\.\.5000"):

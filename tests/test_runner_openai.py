@@ -108,6 +108,9 @@ def test_already_running_server_is_measured_as_it_is(llama_server, bf16_gguf, ti
             ),
             hardware="cpu",
         )
+        # It says what it talks to: llama-server's models are owned by "llamacpp" (its
+        # /v1/models), whatever the runner's knob vocabulary (vLLM's) is called.
+        assert runner.assumptions()["server"]["owned_by"] == "llamacpp"
         preset = SearchSpace.load("vllm")
         space = runner.adapt(preset)
         assert space.ranges == {} and len(space.notes) == len(preset.ranges)  # one per knob

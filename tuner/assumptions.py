@@ -35,7 +35,8 @@ def changed(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
         old, new = leaves(recorded[part]), leaves(current[part])
         for path in sorted(old.keys() & new.keys()):
             if old[path] != new[path]:
-                lines.append(f"{part} {path} {old[path]} -> {new[path]}")
+                what = f"{part} {path}" if path else part  # a part that is one figure
+                lines.append(f"{what} {old[path]} -> {new[path]}")
     return lines
 
 

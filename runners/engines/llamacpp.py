@@ -27,6 +27,7 @@ from runners.engines.served import (
     ServedRunner,
     special_token_bias,
 )
+from runners.engines.versions import program_version
 from runners.quality import QualityUnavailable, model_key
 from runners.quality.llamacpp import PerplexityQuality
 from search_spaces.engines import llamacpp_args, violations
@@ -71,9 +72,6 @@ class LlamaCppSettings(RunnerSettings):
     quality_timeout_s: PositiveFloat = 1800.0
 
 
-VERSION_TIMEOUT_S = 30.0
-
-
 def _run_step(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -107,19 +105,8 @@ class LlamaCppRunner(ServedRunner):
     def assumptions(self) -> dict[str, Any]:
         """Its settings and the engine's own version (`llama-server --version`: a rebuilt
         engine measures otherwise under the same settings)."""
-        version = self._version()
+        version = program_version(self.engine_command()[0])
         return super().assumptions() | ({"engine version": version} if version else {})
-
-    def _version(self) -> str | None:
-        try:
-            done = subprocess.run(
-                [*self.engine_command()[:1], "--version"],
-                capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return None  # the first trial says why it does not start
-        lines = (done.stdout + done.stderr).splitlines()
-        return next((line.strip() for line in lines if line.startswith("version:")), None)
 
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         return violations("llamacpp", config, workload)

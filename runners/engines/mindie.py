@@ -10,6 +10,7 @@ release). The installed file is only read, never written.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -19,6 +20,7 @@ from objectives.scenario import Workload
 from objectives.userfile import InputError
 from runners.engines.process import choose_port, http_ready, log_line_ready
 from runners.engines.served import SERVED_NAME, Launch, RunnerSettings, ServedRunner
+from runners.engines.versions import version_file
 from search_spaces.engines import mindie_model_deploy, violations
 from search_spaces.knobs import render
 from search_spaces.space import SearchSpace
@@ -84,6 +86,18 @@ class MindIERunner(ServedRunner):
             installed = self._deploy(self.base).get("ModelConfig", [{}])[0].get("modelWeightPath")
             defaults["model"] = Path(installed) if installed else None
         self.settings = settings.model_copy(update=defaults)
+
+    def assumptions(self) -> dict[str, Any]:
+        """Its settings, the installation's version file (MindIE Service's `version`, or
+        `version.info` as MindIE LLM names it) and a hash of the installed config.json's
+        content, whose fields beside the knobs reach every trial's copy."""
+        version = version_file(self.settings.install_dir, ("version", "version.info"))
+        canonical = json.dumps(self.base, sort_keys=True).encode()
+        digest = hashlib.sha256(canonical).hexdigest()[:16]
+        return super().assumptions() | {
+            **({"engine version": version} if version else {}),
+            "installed config.json sha256": digest,
+        }
 
     @staticmethod
     def _deploy(config: dict) -> dict:

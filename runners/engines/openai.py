@@ -56,6 +56,31 @@ class OpenAIRunner(ServedRunner):
             name for part in settings.engine_cmd or [] for name in _PLACEHOLDER.findall(part)
         }
 
+    def assumptions(self) -> dict[str, Any]:
+        """Its settings and, for a server already running, what that server says it is: the
+        `owned_by` of its models (vllm, llamacpp, sglang, ...) and the `/version` vLLM and
+        SGLang serve. The runner speaks vLLM's knob names (`engine`); this says who answered."""
+        server = self._server_report() if self.settings.base_url else {}
+        return super().assumptions() | ({"server": server} if server else {})
+
+    def _server_report(self) -> dict[str, str]:
+        base_url = (self.settings.base_url or "").rstrip("/")
+        report: dict[str, str] = {}
+        try:
+            models = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"]
+            owners = sorted({str(model.get("owned_by")) for model in models if "owned_by" in model})
+            if owners:
+                report["owned_by"] = ", ".join(owners)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # its first trial says why it does not answer
+        try:
+            answer = httpx.get(f"{base_url}/version", timeout=10)
+            if answer.status_code == 200 and "version" in answer.json():
+                report["version"] = str(answer.json()["version"])
+        except (httpx.HTTPError, ValueError, TypeError):
+            pass
+        return report
+
     def model_name(self) -> str:
         return self.settings.served_model or super().model_name()
 

