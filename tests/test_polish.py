@@ -250,21 +250,25 @@ def _planted_study(tmp_path: Path) -> StudyRun:
     return run
 
 
+# More than a climb from the planted pick takes: a polish that stops below it has settled.
+SETTLING_BUDGET = 400
+
+
 def test_a_planted_better_neighbour_replaces_the_pick(tmp_path: Path):
+    """bf16 batch 64 planted: a quantized precision (fewer weight bytes, so more KV blocks
+    and faster decode steps) is one knob away and serves more, so the polish must leave bf16;
+    it stops only where every neighbour of where it stands has been measured."""
     run = _planted_study(tmp_path)
     first = best_trial(run.study, run.scenario)
     assert first is not None and first.params["quantization"] == "bf16"
-    result = Polisher(run).polish(60)
-    assert result.trials > 0 and result.changes
+    result = Polisher(run).polish(SETTLING_BUDGET)
+    assert 0 < result.trials < SETTLING_BUDGET, "the climb settles within the budget"
     pick = best_trial(run.study, run.scenario)
     assert pick is not None and pick.params["quantization"] != "bf16"
     assert any("quantization bf16 ->" in change for change in result.changes)
-    # Where polish stopped with budget left, every neighbour of the pick was measured and none
-    # is preferred to it.
-    if result.trials < 60:
-        ran = [t.user_attrs.get("knobs") for t in run.study.trials]
-        for neighbour in neighbours(run.space, pick.params):
-            assert run.space.config_of(neighbour) in ran
+    ran = [t.user_attrs.get("knobs") for t in run.study.trials]
+    for neighbour in neighbours(run.space, pick.params):
+        assert run.space.config_of(neighbour) in ran
 
 
 def test_a_pruned_step_is_slower_than_where_the_climb_stood(tmp_path: Path):
@@ -315,20 +319,21 @@ def test_only_a_simulated_max_throughput_climb_from_a_feasible_trial_prunes(tmp_
     here = study.trials[0]
     rate = here.user_attrs["capacity_rate"]
     same_arm = here.params | {"batch_size": 80}
-    tie = run.scenario.tie_tolerance  # throughputs within it are ranked alike
-    assert prune_bounds(run, here, same_arm) == pytest.approx((rate, rate * (1 - tie) * 0.85))
+    # The rate a step has to sustain to matter is where the climb stands; it is pruned only
+    # once it misses clearly below that (a margin under it, wider for a lenient tie).
+    beat, prune_at = prune_bounds(run, here, same_arm)
+    assert beat == pytest.approx(rate) and prune_at < beat
     lenient = replace(run, scenario=run.scenario.model_copy(update={"tie_tolerance": 0.2}))
-    assert prune_bounds(lenient, here, same_arm) == pytest.approx((rate, rate * 0.8 * 0.85))
+    lenient_beat, lenient_prune_at = prune_bounds(lenient, here, same_arm)
+    assert lenient_beat == pytest.approx(rate) and lenient_prune_at < prune_at
     other_arm = here.params | {"quantization": "w8a8"}
     assert prune_bounds(run, here, other_arm) is None  # no w8a8 trial yet
     study.enqueue_trial(other_arm)
     optimize(run, 1, None)
     rival = study.trials[-1].user_attrs["capacity_rate"]
     assert rival != rate
-    least = min(rate, rival)
-    assert prune_bounds(run, here, other_arm | {"batch_size": 80}) == pytest.approx(
-        (least, least * (1 - tie) * 0.85)
-    )
+    beat, _ = prune_bounds(run, here, other_arm | {"batch_size": 80})
+    assert beat == pytest.approx(min(rate, rival))  # the least of where it stands and the arm's
     for changed in (
         replace(run, runner=SimpleNamespace(name="vllm")),
         replace(run, scenario=run.scenario.model_copy(update={"pick": "min-ttft"})),
@@ -341,14 +346,15 @@ def test_only_a_simulated_max_throughput_climb_from_a_feasible_trial_prunes(tmp_
 
 def test_polish_measures_nothing_twice(tmp_path: Path):
     run = _planted_study(tmp_path)
-    Polisher(run).polish(30)
+    settled = Polisher(run).polish(SETTLING_BUDGET)
+    assert settled.trials < SETTLING_BUDGET, "the climb settles within the budget"
     before = len(run.study.trials)
     configs = [tuple(sorted(t.user_attrs["knobs"].items())) for t in run.study.trials]
     assert len(configs) == len(set(configs))
     # A second polish of a settled pick has nothing left to measure around it.
-    again = Polisher(run).polish(30)
-    if again.trials == 0:
-        assert len(run.study.trials) == before
+    again = Polisher(run).polish(SETTLING_BUDGET)
+    assert again.trials == 0
+    assert len(run.study.trials) == before
 
 
 def test_the_console_says_what_polish_did(tmp_path: Path, scenario_file: Path):
