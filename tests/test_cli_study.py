@@ -125,7 +125,7 @@ def test_study_writes_db_front_and_export(tmp_path: Path, scenario_file: Path):
     if hold is not None and hold["held_rate"] is not None:
         held = next(load for load in hold["loads"] if load["rate"] == hold["held_rate"])
         assert exported.capacity["rate"] == hold["held_rate"]
-        assert exported.capacity["requests_per_s"] == held["requests_per_s"]
+        assert exported.capacity["requests_per_s"] == held["served_rps"]
     else:
         assert exported.capacity["requests_per_s"] == chosen.user_attrs["capacity_rps"]
     if exported.capacity["rate"] == chosen.user_attrs["capacity_rate"]:  # not lowered

@@ -36,6 +36,16 @@ def test_a_server_that_keeps_up_delivers_what_it_is_offered():
     assert served == pytest.approx(10.0, rel=1e-3)
 
 
+def test_what_was_served_leaves_the_drain_out():
+    """10 req/s for 100 s, each request done 5 s after it was sent: the engine served 10 req/s
+    throughout; over the whole window (the last 5 s only draining) it reads 1,000 / 104.9 s.
+    The front's and the export's "served", and the fleet sized on it, take the former."""
+    send = np.arange(1000) / 10.0
+    metrics = summarize(_measurement(send, send + 5.0), SLA(ttft_p99_ms=500))
+    assert metrics["requests_per_s"] == pytest.approx(1000 / 104.9, rel=1e-3)
+    assert metrics["served_rps"] == pytest.approx(10.0, rel=1e-3)
+
+
 def test_a_server_that_falls_behind_delivers_its_own_rate():
     """10 req/s offered to a FIFO server that finishes one request every 0.125 s (8 req/s):
     the backlog grows by 2 requests a second, so 8 of the 10 are delivered."""

@@ -143,7 +143,8 @@ def answer_metrics(
         lowered = hold["held_rate"] < stated["capacity_rate"]
         stated |= {
             "capacity_rate": load["rate"],
-            "capacity_rps": load["requests_per_s"],
+            # a hold recorded before it kept served_rps kept the whole window's rate
+            "capacity_rps": load.get("served_rps", load.get("requests_per_s")),
             "capacity_output_tokens_per_s": sustained_tokens_per_s(
                 workload, load["rate"], load["output_tokens_per_s"]
             ),

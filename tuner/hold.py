@@ -68,7 +68,7 @@ REAL_HOLD = HoldPlan(factor=4, draws=1, extension_cap=1)  # a real engine: minut
 PREDICTION_SIGMAS = 2.0
 # The figures a hold keeps of each rate it tried: the worst over its draws.
 WORST_HIGH = ("ttft_p99_ms", "tpot_p99_ms")
-WORST_LOW = ("delivered_share", "requests_per_s", "output_tokens_per_s")
+WORST_LOW = ("delivered_share", "served_rps", "output_tokens_per_s")
 
 
 def _drawn(scenario: Scenario, draw: int) -> Scenario:

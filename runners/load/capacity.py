@@ -245,7 +245,7 @@ def _capacity_metrics(scenario: Scenario, search: Search) -> dict[str, Any]:
     metrics: dict[str, Any] = {
         "capacity_rate": highest_met,  # req/s, or requests in flight for a closed loop
         "capacity_rate_unit": _unit(scenario),
-        "capacity_rps": capacity_metrics["requests_per_s"] if capacity_metrics else 0.0,
+        "capacity_rps": capacity_metrics["served_rps"] if capacity_metrics else 0.0,
         "capacity_output_tokens_per_s": sustained_tokens_per_s(
             scenario.workload, highest_met, measured_tokens
         ),
