@@ -1,5 +1,5 @@
 """The simulator's compiled core (setup.py, runners/sim/compiled.py): the same source compiled
-and interpreted gives the same result to the bit; a build older than its source is not run;
+and interpreted gives the same result to the bit; a build of other source is not run;
 and CI (AUTOTUNE_REQUIRE_COMPILED=1) runs the compiled one, so a build that silently fell back
 to plain Python fails there instead of only running slower."""
 
@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -91,19 +90,18 @@ def test_ci_runs_the_compiled_simulator():
     assert not runners.sim.engine.__file__.endswith(".py")
 
 
-def _tree(folder: Path, built: list[str], edited_after: list[str]) -> None:
-    """Sources of every compiled module, a build of those in `built`, and the sources in
-    `edited_after` touched after their build."""
+def _tree(folder: Path, built: list[str], edited_after: list[str], recorded: bool = True) -> None:
+    """Sources of every compiled module, a build of those in `built` (with the record of the
+    sources it was built from, unless not `recorded`), and the sources in `edited_after` changed
+    since."""
     for name in compiled.COMPILED:
-        (folder / f"{name}.py").write_text("")
-    past = time.time() - 100
-    for name in compiled.COMPILED:
-        os.utime(folder / f"{name}.py", (past, past))
+        (folder / f"{name}.py").write_text(f"# {name}\n")
     for name in built:
         (folder / f"{name}.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
-        os.utime(folder / f"{name}.cpython-311-x86_64-linux-gnu.so", (past + 10, past + 10))
+    if built and recorded:
+        (folder / compiled.SOURCES).write_text(json.dumps(compiled.source_hashes(folder)))
     for name in edited_after:
-        os.utime(folder / f"{name}.py", (past + 20, past + 20))
+        (folder / f"{name}.py").write_text(f"# {name}, edited\n")
 
 
 @pytest.mark.skipif(
@@ -111,16 +109,17 @@ def _tree(folder: Path, built: list[str], edited_after: list[str]) -> None:
     reason="the fake builds are named for CPython 3.11 on x86-64 Linux",
 )
 @pytest.mark.parametrize(
-    "built, edited_after, expected",
+    "built, edited_after, recorded, expected",
     [
-        ([], [], []),  # never compiled: the source runs, nothing is stale
-        (list(compiled.COMPILED), [], []),  # a whole, fresh build runs
-        (list(compiled.COMPILED), ["engine"], ["engine"]),  # engine.py edited since
-        (list(compiled.COMPILED)[:-1], [], [compiled.COMPILED[-1]]),  # one module not built
+        ([], [], True, []),  # never compiled: the source runs, nothing is stale
+        (list(compiled.COMPILED), [], True, []),  # a whole build of this source runs
+        (list(compiled.COMPILED), ["engine"], True, ["engine"]),  # engine.py edited since
+        (list(compiled.COMPILED)[:-1], [], True, [compiled.COMPILED[-1]]),  # one not built
+        (list(compiled.COMPILED), [], False, list(compiled.COMPILED)),  # built from what?
     ],
 )
-def test_a_build_older_than_its_source_or_incomplete_is_stale(
-    tmp_path, built, edited_after, expected
+def test_a_build_of_other_source_or_an_incomplete_one_is_stale(
+    tmp_path, built, edited_after, recorded, expected
 ):
-    _tree(tmp_path, built, edited_after)
+    _tree(tmp_path, built, edited_after, recorded)
     assert compiled.stale(compiled.builds(tmp_path), tmp_path) == expected

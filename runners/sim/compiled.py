@@ -1,15 +1,19 @@
-"""Which of the simulator's modules mypyc compiles (setup.py), and the rule that a build older
-than its source is not run: runners/sim/__init__.py then imports these modules from their
-source, so an edited simulator never runs stale compiled code (rebuild: pip install -e .).
+"""Which of the simulator's modules mypyc compiles (setup.py), and the rule that a build of other
+source than the one beside it is not run: runners/sim/__init__.py then imports these modules from
+their source, so an edited simulator never runs stale compiled code (rebuild: pip install -e .).
+The build records each source's hash in SOURCES (file times would not do: a wheel's install
+writes its files in any order).
 AUTOTUNE_PURE_PYTHON=1 runs the source too, compiled or not (a reference, or a profile that
 sees inside the step loop). Kept free of package imports: setup.py reads COMPILED before the
 package is installed."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -32,6 +36,13 @@ COMPILED = (
 )
 HERE = Path(__file__).resolve().parent
 PACKAGE = "runners.sim"
+SOURCES = "compiled-sources.json"  # beside the build: each compiled module's source hash
+
+
+def source_hashes(folder: Path = HERE) -> dict[str, str]:
+    return {
+        name: hashlib.sha256((folder / f"{name}.py").read_bytes()).hexdigest() for name in COMPILED
+    }
 
 
 def builds(folder: Path = HERE) -> dict[str, Path]:
@@ -47,16 +58,17 @@ def builds(folder: Path = HERE) -> dict[str, Path]:
 
 
 def stale(found: dict[str, Path], folder: Path = HERE) -> list[str]:
-    """Modules whose source changed after they were compiled, or that were not compiled with
-    the rest (compiled classes cannot stand on interpreted bases)."""
+    """Modules whose source is not the one they were compiled from (or whose build recorded
+    none), or that were not compiled with the rest (compiled classes cannot stand on
+    interpreted bases)."""
     if not found:
         return []
-    return [
-        name
-        for name in COMPILED
-        if name not in found
-        or found[name].stat().st_mtime < (folder / f"{name}.py").stat().st_mtime
-    ]
+    try:
+        built = json.loads((folder / SOURCES).read_text())
+    except (OSError, ValueError):
+        built = {}
+    now = source_hashes(folder)
+    return [name for name in COMPILED if name not in found or built.get(name) != now[name]]
 
 
 class SourceFirst(importlib.abc.MetaPathFinder):
@@ -82,7 +94,8 @@ def choose() -> str:
     if os.environ.get("AUTOTUNE_PURE_PYTHON"):
         why = "source (AUTOTUNE_PURE_PYTHON)"
     elif outdated := stale(found):
-        why = f"source (the compiled {', '.join(outdated)} older than the source: pip install -e .)"
+        built = ", ".join(outdated)
+        why = f"source (the compiled {built} built from other source: pip install -e .)"
         print(f"autotune: the simulator runs from its {why}", file=sys.stderr)
     else:
         return "compiled"
