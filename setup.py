@@ -3,7 +3,7 @@
 mypyc compiles the engine simulation (the step loop a study spends ~80% of its time in) from
 its own typed source, 3-4x faster per simulated request and the same to the float. The same
 source runs as plain Python where it is not compiled: with AUTOTUNE_PURE_PYTHON=1 at build
-time, or where the build has no mypyc or no C compiler (setup goes on without it).
+time, or where the build has no mypyc or no C compiler (the install goes on without them).
 runners/sim/__init__.py runs the source instead of a build of other source (the build records
 each compiled source's hash: runners/sim/compiled.py).
 """
@@ -31,7 +31,7 @@ def compiled_core() -> list:
     except ImportError:
         print("autotune: mypyc not found, the simulator runs as plain Python", file=sys.stderr)
         return []
-    # Imports outside the compiled modules are not followed: their types are only looked up,
+    # Imports outside the compiled modules are not followed (their names read as Any there),
     # which keeps the build to seconds instead of type-checking numpy and pydantic.
     paths = [f"runners/sim/{name}.py" for name in COMPILED]
     try:
@@ -40,7 +40,11 @@ def compiled_core() -> list:
         why = f"autotune: not compiled ({error}), the simulator runs as plain Python"
         print(why, file=sys.stderr)
         return []
-    # What the compiled modules were built from, for the check at import.
+    for module in modules:
+        # A module the C compiler fails on is left out, not the install: the check at import
+        # then runs every module from its source (runners/sim/compiled.py).
+        module.optional = True
+    # What the compiled modules were built from, for that check.
     (SIM / SOURCES).write_text(json.dumps(source_hashes(SIM), indent=1))
     return modules
 
