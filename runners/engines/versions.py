@@ -37,7 +37,8 @@ def interpreter_of(program: str) -> str | None:
     if Path(found).name.startswith("python"):
         return found
     try:
-        head = Path(found).read_text(errors="replace").splitlines()[:3]
+        with open(found, "rb") as script:  # its first lines, not a whole binary
+            head = script.read(1024).decode(errors="replace").splitlines()[:3]
     except OSError:
         return None
     if head and head[0].startswith("#!") and "python" in head[0]:
