@@ -2,6 +2,7 @@
 
     python bench/bench_search.py [--presets NAME ...] [--scenarios FILE ...]
         [--random-scenarios N --seed S] [--seeds 10] [--trials 50] [--samplers NAME ...] [--jobs 1]
+        [--curve PNG]
 
 Scenarios: preset names (`--presets`; all of them when no scenario is named any other way),
 scenario files (`--scenarios`), and `--random-scenarios N` drawn with `--seed S` by
@@ -31,6 +32,10 @@ seed) pair: median trials to reach 95% of the grid's best SLA-feasible capacity 
 it within 25 and within 50 trials, the number of pairs with no SLA-feasible trial in the first
 25, and the hypervolume of the feasible front after 10/25/50 trials as a share of the grid's
 (Optuna's own hypervolume; TTFT p99 normalised by the SLA bound, capacity by the grid's best).
+
+`--curve PNG` adds the tuning-efficiency curve (bench/search_curve.py): the median share of the
+grid's best reached against trials and against seconds, for the presets and for the random
+scenarios apart, as a table and as a plot written to PNG.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from random_scenarios import draw
+from search_curve import Curves
+from search_curve import plot as plot_curves
+from search_curve import table as curve_table
 from search_samplers import resolved, run_optuna, run_product, run_pso
 from search_truth import (
     FEASIBILITY_SAMPLE,
@@ -226,6 +234,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for path in args.scenarios:
         if not Path(path).is_file():
             parser.error(f"--scenarios: {path} is not a file")
+    if args.curve is not None and (args.curve.is_dir() or not args.curve.parent.is_dir()):
+        parser.error(f"--curve: {args.curve} is not a file in an existing folder")
     for flag, folder in (
         ("--cache-dir", args.cache_dir),
         ("--save-scenarios", args.save_scenarios),
@@ -266,6 +276,7 @@ def main() -> None:
     parser.add_argument(
         "--grids-only", action="store_true", help="evaluate (cache) the grids and stop"
     )
+    parser.add_argument("--curve", type=Path, metavar="PNG", help="the efficiency curve's plot")
     args = parser.parse_args()
     check_args(parser, args)
     torch_threads()
@@ -278,6 +289,8 @@ def main() -> None:
     samplers = list(args.samplers) + ["product"] * (args.product_seeds > 0)
     overall = {s: Row(args.trials) for s in samplers}
     descriptions = []
+    curves: dict[tuple[str, str], Curves] = {}
+    presets = set(preset_names())
     if args.grids_only:
         for label, scenario in scenarios:
             print(f"- {label}: {Table(label, scenario, args.jobs, cache).describe()}", flush=True)
@@ -286,7 +299,9 @@ def main() -> None:
     for label, scenario in scenarios:
         table = Table(label, scenario, args.jobs, cache)
         descriptions.append(f"- {label}: {table.describe()}")
-        runs: dict[tuple[str, int], tuple[list, float]] = {}
+        runs: dict[tuple[str, int], tuple[list, list[float], float]] = {}
+        # a preset's copy (`NAME.suffix`, its requests changed) counts with the presets
+        group = "presets" if label.split(".")[0] in presets else "random scenarios"
         for sampler in samplers:
             name = resolved(sampler)
             # Trials to the target are counted past the budget where that is cheap, so that a
@@ -300,16 +315,21 @@ def main() -> None:
             for seed in range(args.product_seeds if name == "product" else args.seeds):
                 if (name, seed) not in runs:
                     started = time.perf_counter()
+                    sampler_s = [0.0] * horizon  # the swarm's and the product's: not measured
                     if name == "pso":
                         outcomes = run_pso(table, seed, horizon)
                     elif name == "product":
                         outcomes = run_product(table, seed, horizon)
                     else:
-                        outcomes = run_optuna(table, name, seed, horizon)
-                    runs[name, seed] = outcomes, time.perf_counter() - started
-                outcomes, seconds = runs[name, seed]
+                        outcomes, sampler_s = run_optuna(table, name, seed, horizon)
+                    runs[name, seed] = outcomes, sampler_s, time.perf_counter() - started
+                outcomes, sampler_s, seconds = runs[name, seed]
                 row.add(table, outcomes)
                 row.seconds += seconds
+                if name != "product":
+                    curves.setdefault((group, sampler), Curves()).add(
+                        outcomes, sampler_s, table.best
+                    )
             shown = sampler if name == sampler else f"{sampler} ({name})"
             print(markdown_row([label, shown, *row.cells()]), flush=True)
             overall[sampler].extend(row)
@@ -323,6 +343,11 @@ def main() -> None:
             print(markdown_row([label, shown, *row.cells()]))
     print()
     print("\n".join(descriptions))
+    if args.curve:
+        print()
+        print(curve_table(curves))
+        plot_curves(curves, args.curve)
+        print(f"\n<!-- the curve: {args.curve} -->")
 
 
 if __name__ == "__main__":

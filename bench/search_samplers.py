@@ -22,6 +22,7 @@ standing in for the engine).
 from __future__ import annotations
 
 import tempfile
+import time
 
 import numpy as np
 import optuna
@@ -95,21 +96,31 @@ def build_sampler(name: str, seed: int, table: Table, trials: int) -> optuna.sam
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, constant_liar=True, n_startup_trials=5
         )
+    if name == "grid":  # the whole grid in a seeded random order, each point once
+        space = {
+            f"{key}_index" if key in NUMERIC else key: (
+                list(range(len(values))) if key in NUMERIC else list(values)
+            )
+            for key, values in table.grid.items()
+        }
+        return optuna.samplers.GridSampler(space, seed=seed)
     if name.startswith("polish-"):
         inner = build_sampler(name.removeprefix("polish-"), seed, table, trials)
         return PolishSampler(inner, seed=seed)
     return make_sampler(name, seed, _space(table.scenario), trials)
 
 
-def run_optuna(table: Table, sampler_name: str, seed: int, trials: int) -> list:
+def run_optuna(table: Table, sampler_name: str, seed: int, trials: int) -> tuple[list, list[float]]:
+    """Each trial's outcome, and the seconds the sampler took for it (its ask and tell)."""
     study = optuna.create_study(
         directions=list(DIRECTIONS), sampler=build_sampler(sampler_name, seed, table, trials)
     )
     if sampler_name.startswith("warm-"):
         for config in WARM_STARTS:
             study.enqueue_trial(warm_params(table, config), skip_if_exists=True)
-    outcomes = []
+    outcomes, sampler_s = [], []
     for _ in range(trials):
+        started = time.perf_counter()
         trial = study.ask()
         result = table.lookup(table.suggest(trial))
         if result is None:
@@ -117,8 +128,9 @@ def run_optuna(table: Table, sampler_name: str, seed: int, trials: int) -> list:
         else:
             record_constraints(trial, result[2])
             study.tell(trial, result[:2])
+        sampler_s.append(time.perf_counter() - started)
         outcomes.append(result)
-    return outcomes
+    return outcomes, sampler_s
 
 
 def run_product(table: Table, seed: int, trials: int) -> list:

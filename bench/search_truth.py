@@ -104,6 +104,9 @@ def _init_worker(scenario_json: str) -> None:
 
 
 def _evaluate_point(config: dict) -> list | None:
+    """[TTFT p99, capacity, SLA constraints, CPU seconds the trial took], or None where the
+    config cannot run (refused, or its trial failed)."""
+    started = time.process_time()
     scenario, runner, space = _WORKER["scenario"], _WORKER["runner"], _WORKER["space"]
     reasons = space.violations(config, scenario.workload) + runner.violations(
         config, scenario.workload
@@ -116,7 +119,8 @@ def _evaluate_point(config: dict) -> list | None:
     values = objective_values(result.metrics, scenario)
     if values is None:
         return None
-    return [values[0], values[1], constraint_values(result.metrics, scenario.sla)]
+    constraints = constraint_values(result.metrics, scenario.sla)
+    return [values[0], values[1], constraints, time.process_time() - started]
 
 
 def evaluate_points(scenario: Scenario, configs: list[dict], jobs: int) -> list:

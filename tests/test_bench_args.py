@@ -23,6 +23,8 @@ CASES = {
     "cache dir onto a file": (["--cache-dir", "a-file"], "--cache-dir: a-file is a file"),
     "scenarios saved onto a file": (["--save-scenarios", "a-file"], "--save-scenarios: a-file"),
     "a scenario that does not load": (["--scenarios", "bad.yaml"], "bad.yaml: malformed YAML"),
+    "the curve onto a folder": (["--curve", "."], "--curve: . is not a file"),
+    "the curve into no folder": (["--curve", "missing/curve.png"], "--curve: missing/curve.png"),
 }
 
 
