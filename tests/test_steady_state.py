@@ -22,6 +22,7 @@ from runners.load.capacity import evaluate, step_at
 from runners.load.loadgen import RejectionRule, Target, drive
 from runners.load.measurement import (
     Measurement,
+    first_part,
     in_flight_at_send,
     load_certainly_fails,
     summarize,
@@ -355,3 +356,25 @@ def test_a_slowing_engine_is_told_from_a_growing_queue():
     # request 212's (16.37 ms), the last quarter's request 887's (36.64 ms).
     assert step.metrics["idle_ttft_rise"] == pytest.approx(36.64 / 16.37, rel=0.01)
     assert slowing(step.metrics) and step.record()["engine_slowed"]
+
+
+def test_the_first_half_of_a_load_reads_as_a_load_that_long_would():
+    """A closed loop's start: its first 205 requests queue (TTFT 9 s), the rest do not (1 s).
+    Over 2,000 requests the slow start is nearly all warm-up (5 of 1,800 samples: p99 1 s);
+    the first half is judged as a load of 1,000 would be, on its own first tenth as warm-up,
+    so 105 of its 900 samples are slow (p99 9 s). Judged on the whole load's warm-up it read
+    1 s: the hold's half-window check passed what a 32x load then failed."""
+    n = 2000
+    send = np.arange(n) * 0.01
+    first = send + np.where(np.arange(n) < 205, 9.0, 1.0)
+    whole = Measurement(send, first, first + 1.0, np.full(n, 100), np.full(n, 10), np.ones(n, bool))
+    whole.warmup = warmup_requests(n)
+    alone = Measurement(
+        send[:1000], first[:1000], first[:1000] + 1.0,
+        np.full(1000, 100), np.full(1000, 10), np.ones(1000, bool),
+    )  # fmt: skip
+    alone.warmup = warmup_requests(1000)
+    sla = SLA(ttft_p99_ms=5000)
+    half = summarize(first_part(whole, 1000), sla)
+    assert half["ttft_p99_ms"] == summarize(alone, sla)["ttft_p99_ms"] == pytest.approx(9000)
+    assert summarize(whole, sla)["ttft_p99_ms"] == pytest.approx(1000)

@@ -175,7 +175,9 @@ class Measurement:
 
 def first_part(m: Measurement, records: int) -> Measurement:
     """Its first `records` records (sent first): what a shorter horizon of the same load reads
-    (the inter-chunk gaps, pooled over requests, are left out)."""
+    (the inter-chunk gaps, pooled over requests, are left out). That horizon warms up on its own
+    first tenth, as a load of `records` requests would: keeping the whole load's warm-up left a
+    closed loop's start-up queue out of the part, which a load that short then failed on."""
     part = slice(0, records)
 
     def cut(values: np.ndarray | None) -> np.ndarray | None:
@@ -190,7 +192,7 @@ def first_part(m: Measurement, records: int) -> Measurement:
         output_tokens=m.output_tokens[part],
         ok=m.ok[part],
         itl_s=None,
-        warmup=min(m.warmup, records),
+        warmup=min(m.warmup, warmup_requests(records)),
         burst_mask=cut(m.burst_mask),
         planned_index=cut(m.planned_index),
         due_s=cut(m.due_s),
