@@ -40,6 +40,7 @@ from random_scenarios import sample_points
 
 from objectives.scenario import Scenario
 from objectives.scoring import constraint_values, is_feasible, objective_values
+from runners.engines.process import pid_alive
 from runners.load.capacity import evaluate
 from runners.sim.runner import SimRunner
 from search_spaces.space import SearchSpace
@@ -154,13 +155,7 @@ def _holder_alive(lock: Path) -> bool:
         return False
     if pid <= 0 or pid == os.getpid():  # this run does not hold it: a pid reused since
         return False
-    try:
-        os.kill(pid, 0)  # signal 0: only checks that the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, as another user's process
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _take_lock(lock: Path) -> bool:

@@ -37,6 +37,7 @@ from sqlalchemy.orm import (
 )
 
 from objectives.userfile import InputError, first_line
+from runners.engines.process import pid_alive
 from tuner.schema_lock import schema_creation
 
 DEFAULT_STORAGE = "sqlite:///studies.db"
@@ -346,15 +347,7 @@ def _dead_here(holder: str) -> bool:
     """Whether `holder` (host:pid, as WORKER) names a process of this host that no longer
     runs."""
     host, _, pid = holder.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process: it runs
-        return False
-    return False
+    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
 
 
 def release_pair(storage: optuna.storages.RDBStorage, study_name: str, pair: str) -> None:
