@@ -13,11 +13,13 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from objectives import userfile
+from objectives.trace import Trace
 
 # A user's reading pace where the SLA bounds no TPOT: the middle of the seed article's
 # 30-100 ms/token range for a streamed answer.
@@ -103,7 +105,20 @@ class LogNormal(_Bounded):
         return min(max(self.median * math.exp(self.sigma**2 / 2), self.min), self.max)
 
 
-LengthDistribution = Annotated[Fixed | Uniform | Normal | LogNormal, Field(discriminator="kind")]
+class Observed(_Bounded):
+    """A trace's lengths as read (objectives.trace): a record of them, drawn from nothing."""
+
+    kind: Literal["trace"]
+    mean: PositiveFloat
+
+    @property
+    def typical(self) -> float:
+        return self.mean
+
+
+LengthDistribution = Annotated[
+    Fixed | Uniform | Normal | LogNormal | Observed, Field(discriminator="kind")
+]
 
 
 # One request per 1,000 s: a test at a lower rate lasts days on a real engine, and near 1e-300
@@ -137,7 +152,15 @@ class Closed(_Strict):
     concurrency: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]
 
 
-Arrival = Annotated[Poisson | Gamma | Closed, Field(discriminator="kind")]
+class Replay(_Strict):
+    """A trace's arrival times (objectives.trace), scaled to offer `rate` requests per second:
+    the trace's own rate times its rate multiple."""
+
+    kind: Literal["trace"]
+    rate: Rate
+
+
+Arrival = Annotated[Poisson | Gamma | Closed | Replay, Field(discriminator="kind")]
 
 
 class SharedPrefix(_Strict):
@@ -226,6 +249,18 @@ class Workload(_Strict):
     # Unset: every request is a conversation of one turn.
     sessions: Sessions | None = None
     burst: Burst | None = None
+    # Set: the requests are a trace's (objectives.trace); arrival, num_requests and the
+    # lengths are read from it (the window's count, its rate times the multiple, its lengths).
+    trace: Trace | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_trace(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or data.get("trace") is None:
+            return data
+        from objectives.trace_formats import workload_from_trace
+
+        return workload_from_trace(data, info.context)
 
     @model_validator(mode="after")
     def _burst_fits(self):
@@ -267,6 +302,24 @@ class Workload(_Strict):
                 "of a prompt"
             )
         return self
+
+    @property
+    def trace_shares_prompts(self) -> bool:
+        """A trace that names prompt blocks or conversations (a prefix cache can hit)."""
+        if self.trace is None:
+            return False
+        from objectives.trace_formats import read_window
+
+        return read_window(self.trace).shares_prompts
+
+    def multiple_of(self, rate: float | None) -> float | None:
+        """A trace's replay at `rate` req/s: how many times the trace's own rate that is
+        (None: no trace, or no rate)."""
+        if self.trace is None or rate is None:
+            return None
+        from objectives.trace_formats import read_window
+
+        return rate / read_window(self.trace).rate
 
     @property
     def longest_prompt(self) -> int:
@@ -424,12 +477,14 @@ class Scenario(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _sessions_paced_by_the_sla(cls, data: Any) -> Any:
+    def _sessions_paced_by_the_sla(cls, data: Any, info: ValidationInfo) -> Any:
         # before: the models are frozen once built (Sessions' pace fields)
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or not isinstance(data.get("workload"), dict):
             return data
+        if data["workload"].get("sessions") is None:
+            return data  # (and a trace is not read twice)
         try:
-            workload = Workload.model_validate(data["workload"])
+            workload = Workload.model_validate(data["workload"], context=info.context)
             sla = SLA.model_validate(data["sla"])
         except (KeyError, ValueError):
             return data  # the fields' own validation says what is wrong

@@ -41,9 +41,11 @@ def describe_validation_error(source: str, error: ValidationError) -> str:
     return f"{source}: {where}{message}{more}"
 
 
-def validate(model: type[M], data: object, source: str) -> M:
+def validate(model: type[M], data: object, source: str, base_dir: Path | None = None) -> M:
+    """`base_dir`: where the file's relative paths start (its own folder; a trace's file)."""
     try:
-        return model.model_validate(data)
+        context = None if base_dir is None else {"base_dir": base_dir}
+        return model.model_validate(data, context=context)
     except ValidationError as error:
         raise InputError(describe_validation_error(source, error)) from None
 
@@ -167,7 +169,7 @@ def read_yaml(path: Path) -> object:
 
 
 def load_yaml(path: Path, model: type[M]) -> M:
-    return validate(model, read_yaml(path), str(path))
+    return validate(model, read_yaml(path), str(path), path.parent)
 
 
 def preset_names(folder: Traversable) -> list[str]:

@@ -234,6 +234,7 @@ class SearchSpace:
         self._check_host_tier()
         space = self
         shared = workload.shared_prefix is not None and workload.shared_prefix.share > 0
+        shared = shared or workload.trace_shares_prompts
         if not shared and workload.sessions is None:
             for name in PREFIX_KNOBS:
                 if name not in self.user_set:

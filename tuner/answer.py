@@ -68,6 +68,9 @@ class Answer:
         if rate is not None:
             unit = "in flight" if scenario.closed_loop else "req/s"
             line += f" at {rate:.4g} {unit} (served {m['capacity_rps']:.4g} req/s)"
+            multiple = scenario.workload.multiple_of(rate)
+            if multiple is not None:
+                line += f", {multiple:.3g}x the trace's rate"
             if "capacity_lowered_from" in m:
                 line += (
                     f", lowered from {m['capacity_lowered_from']:.4g} by the "

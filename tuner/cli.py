@@ -18,6 +18,7 @@ from tuner import __version__
 from tuner.cli_options import tune_options, worker_options
 from tuner.cli_run import finish, tune
 from tuner.console import err
+from tuner.fit_command import scenario_group
 from tuner.nightly_command import nightly_cmd
 from tuner.one_chip import seed_co_located, wants_one_chip_first
 from tuner.parallel import sim_processes
@@ -100,6 +101,7 @@ def worker(trials, timeout_s, export_path, html_path, no_html, **options):
 
 for command in (
     nightly_cmd,
+    scenario_group,
     history,
     scenarios,
     pareto,

@@ -20,7 +20,7 @@ from tuner.console import err, out
 from tuner.cost import CHIP_COST_ATTR
 from tuner.export import answer_export, trial_export, write_export
 from tuner.front_table import front_table, snapshot_rows
-from tuner.hold import REAL_HOLD, SIM_HOLD, HoldPlan, describe_hold, hold_pick, pick_to_hold
+from tuner.hold import REAL_HOLD, HoldPlan, describe_hold, hold_pick, pick_to_hold, sim_hold
 from tuner.ladder import print_quality
 from tuner.misses import closest_miss, why_nothing_met
 from tuner.polish import REAL_POLISH_TRIALS, SIM_POLISH_TRIALS, refine_and_polish
@@ -165,7 +165,7 @@ def finish(
         repeated = repeat_pick(study, scenario, repeats, engine_measure(p.runner, scenario))
         if repeated is not None:
             out.print(describe_repeats(repeated), markup=False, soft_wrap=True)
-    plan = SIM_HOLD if simulated else REAL_HOLD
+    plan = sim_hold(scenario) if simulated else REAL_HOLD
     if hold is not None:
         plan = HoldPlan(hold, plan.draws, plan.extension_cap)
     pick = pick_to_hold(study, scenario, repeated)

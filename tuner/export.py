@@ -169,15 +169,20 @@ NOT_EXPORTED = (
 
 
 def capacity_summary(
-    metrics: dict[str, Any], peak_rate: float | None, chips: int | None = None
+    metrics: dict[str, Any],
+    peak_rate: float | None,
+    chips: int | None = None,
+    trace_multiple: float | None = None,
 ) -> dict[str, Any] | None:
     """Capacity per instance (per chip on a chip budget) and, for a stated peak, the instances
-    (chips) it needs: fleet sizing."""
+    (chips) it needs: fleet sizing. A trace's replay states its rate as a multiple of the
+    trace's too."""
     if "capacity_rate" not in metrics:
         return None
     summary = {
         "rate": metrics["capacity_rate"],
         "rate_unit": metrics.get("capacity_rate_unit", "req/s"),
+        **({"trace_multiple": trace_multiple} if trace_multiple is not None else {}),
         # offered: the rate of the load that met every SLO; delivered: what it served
         "requests_per_s": metrics["capacity_rps"],
         "delivered_share": metrics.get("capacity_delivered_share"),
@@ -248,7 +253,12 @@ def build_export(
             }
             or None,
         ),
-        capacity=capacity_summary(metrics, scenario.load.peak_rate, chips),
+        capacity=capacity_summary(
+            metrics,
+            scenario.load.peak_rate,
+            chips,
+            scenario.workload.multiple_of(metrics.get("capacity_rate")),
+        ),
         cost={"chip_per_hour": price} | stated.cost if price is not None else None,
         quality=quality_summary(metrics),
         hold=stated.hold,

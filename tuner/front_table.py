@@ -38,7 +38,13 @@ def front_table(
     columns = [
         "trial",
         # the load is per chip; the TTFT is each request's
-        f"TTFT p99 ms @{scenario.nominal_rate:g}" + ("/chip" if deployed else ""),
+        f"TTFT p99 ms @{scenario.nominal_rate:g}"
+        + ("/chip" if deployed else "")
+        + (
+            ""
+            if scenario.workload.trace is None
+            else f" ({scenario.workload.trace.rate_multiple:g}x trace)"
+        ),
         throughput_label(scenario) + per_chip,
     ]
     if capacity:
@@ -106,7 +112,9 @@ def front_table(
             elif scenario.closed_loop:
                 cells.append(f"{offered:.3g}{ceiling}")
             else:
-                cells.append(f"{offered:.3g}{ceiling} / {served:.3g}")
+                multiple = scenario.workload.multiple_of(offered)
+                times = "" if multiple is None else f" ({multiple:.3g}x)"
+                cells.append(f"{offered:.3g}{ceiling} / {served:.3g}{times}")
         if capacity and peak:
             cells.append(str(m.get("instances_for_peak") or "-"))
         if chip_cost_per_hour is not None:

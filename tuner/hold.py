@@ -58,6 +58,10 @@ class HoldPlan:
 # draws 0-5 (TTFT p99 826-1,211 ms), and 5 of draws 6-17 miss there (a queue excursion past
 # the bound). Twelve, in rounds of six: a rate that misses in the first round costs six.
 SIM_HOLD = HoldPlan(factor=64, draws=12)
+# A trace's draw starts its window at another request (runners.load.trace_replay): over 64
+# replays of the window, any two draws send the same traffic but for where they start, so two
+# (the trace as written and one more) are all that differ.
+SIM_TRACE_HOLD = HoldPlan(factor=64, draws=2)
 SIM_ROUND = 6
 REAL_HOLD = HoldPlan(factor=4, draws=1, extension_cap=1)  # a real engine: minutes, once per run
 # A rate every draw met still misses when the draws' spread puts a fresh draw's p99 past the
@@ -69,6 +73,11 @@ PREDICTION_SIGMAS = 2.0
 # The figures a hold keeps of each rate it tried: the worst over its draws.
 WORST_HIGH = ("ttft_p99_ms", "tpot_p99_ms")
 WORST_LOW = ("delivered_share", "served_rps", "output_tokens_per_s")
+
+
+def sim_hold(scenario: Scenario) -> HoldPlan:
+    """The simulator's hold for this scenario's workload."""
+    return SIM_TRACE_HOLD if scenario.workload.trace is not None else SIM_HOLD
 
 
 def _drawn(scenario: Scenario, draw: int) -> Scenario:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import optuna
 from optuna.distributions import IntDistribution
+from pydantic import ValidationError
 
 from objectives.scenario import Scenario, load_scenario, preset_names
-from objectives.userfile import InputError
+from objectives.userfile import InputError, describe_validation_error
 from runners.base import Runner
 from runners.registry import CHIP_BUDGET_RUNNERS, RUNNERS
 from search_spaces.deployment import with_deployment
@@ -99,9 +100,22 @@ def check_outputs(outputs: dict[str, Path], inputs: dict[str, Path | None]) -> N
     check_distinct(outputs, inputs)
 
 
-def check_context(scenario: Scenario, source: str, runner: Runner) -> None:
-    """A request longer than the model's context would fail in every trial: refuse it up front."""
+def check_context(scenario: Scenario, source: str, runner: Runner) -> Scenario:
+    """A request longer than the model's context would fail in every trial: refuse it up front.
+    A trace's window applies its `over_context` policy to the model's context instead (refused
+    there with the count and the longest, or clipped or dropped and counted)."""
     limit, model = runner.max_context()
+    trace = scenario.workload.trace
+    if trace is not None and limit is not None:
+        data = scenario.model_dump(exclude_none=True)
+        data["workload"]["trace"] |= {"context_tokens": limit}
+        for derived in ("arrival", "num_requests", "input_tokens", "output_tokens"):
+            data["workload"].pop(derived)
+        try:
+            return Scenario.model_validate(data)
+        except ValidationError as error:
+            message = describe_validation_error(source, error)
+            raise InputError(f"{message} ({model})") from None
     need = scenario.workload.longest_request
     if limit is not None and need > limit:
         i, o = scenario.workload.input_tokens.bounds[1], scenario.workload.output_tokens.bounds[1]
@@ -109,6 +123,7 @@ def check_context(scenario: Scenario, source: str, runner: Runner) -> None:
             f"{source}: workload: the longest request ({i} input + {o} output = {need} tokens) "
             f"exceeds the context of {model} ({limit} tokens, max_position_embeddings)"
         )
+    return scenario
 
 
 def prepare(
@@ -154,7 +169,7 @@ def prepare(
         chips=chips,
     )
     runner.check_inputs()
-    check_context(chosen, f"--scenario {scenario}", runner)
+    chosen = check_context(chosen, f"--scenario {scenario}", runner)
     space = SearchSpace.load(runner.engine, space_path).fit_workload(
         chosen.workload, f"--scenario {scenario}"
     )
@@ -164,8 +179,13 @@ def prepare(
                 f"--chips: {what} (workload.{part} of --scenario {scenario}) is measured on "
                 "one chip's load only; run it without --chips"
             )
-    if chips > 1 and chosen.closed_loop and runner.name == "sim":
-        why = "the simulator runs a disaggregated deployment under open-loop arrivals only"
+    shares = chosen.workload.trace_shares_prompts
+    if chips > 1 and runner.name == "sim" and (chosen.closed_loop or shares):
+        why = (
+            "the simulator runs a disaggregated deployment under open-loop arrivals only"
+            if chosen.closed_loop
+            else "the simulator's prefill instances do not share a trace's prompt blocks"
+        )
         space = space.restrict("deployment", ["co-located"], why)
         if "deployment" not in space.ranges:
             space = space.with_range(

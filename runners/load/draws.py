@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from objectives.scenario import Fixed, Gamma, LogNormal, Normal, Poisson, Uniform
+from objectives.scenario import Fixed, Gamma, LogNormal, Normal, Observed, Poisson, Uniform
 
 
 def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -17,7 +17,7 @@ def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
     elif isinstance(dist, LogNormal):
         raw = rng.lognormal(np.log(dist.median), dist.sigma, size=n)
     else:
-        raise TypeError(f"unknown length distribution {dist!r}")
+        raise TypeError(f"no lengths to draw from {dist!r} (a trace's are read, not drawn)")
     return np.clip(np.rint(raw), dist.min, dist.max).astype(np.int64)
 
 
@@ -29,6 +29,8 @@ _means: dict[str, float] = {}
 
 def mean_length(dist) -> float:
     """The mean of a length distribution (as sample_lengths draws and clips it)."""
+    if isinstance(dist, Observed):  # a trace's lengths, read: their mean is known
+        return dist.mean
     key = dist.model_dump_json()
     if key not in _means:
         _means[key] = float(sample_lengths(dist, MEAN_DRAW, np.random.default_rng(0)).mean())

@@ -101,9 +101,40 @@ class PromptMaker:
         texts = self.make(plan.carried[bringing], seed + 1)
         return dict(zip(bringing.tolist(), texts, strict=True))
 
+    def block_text(self, requests: Requests, prefix_seed: int) -> list[str]:
+        """A trace's prompts from their block ids: each block's words the same wherever it
+        appears (and in every load of the workload), so prompts that start with the same
+        blocks start with the same text; a prompt is its blocks' words, cut to its length
+        (the last block of a prompt is partly its own)."""
+        assert requests.blocks is not None, "a trace that names prompt blocks"
+        size, words = requests.block_tokens, self.words
+        texts: dict[int, np.ndarray] = {}
+        prompts: list[str] = []
+        for ids, length in zip(requests.blocks, requests.input_tokens.tolist(), strict=True):
+            parts = []
+            for block in ids.tolist():
+                if block not in texts:
+                    rng = np.random.default_rng([prefix_seed, block])
+                    texts[block] = rng.choice(words, size)
+                parts.append(texts[block])
+            joined = np.concatenate(parts) if parts else words[:0]
+            if joined.size < length:  # blocks short of the prompt: the rest its own
+                rng = np.random.default_rng([prefix_seed, -1 - len(prompts)])
+                joined = np.concatenate([joined, rng.choice(words, length - joined.size)])
+            text = "".join(joined[:length])
+            if self.count(text) != length:
+                raise InputError(
+                    f"tokenizer: a {length}-word prompt does not encode to {length} tokens; "
+                    "this tokenizer's pre-tokenizer merges across words"
+                )
+            prompts.append(text)
+        return prompts
+
     def _own_text(
         self, requests: Requests, lengths: np.ndarray, seed: int, prefix_seed: int
     ) -> list[str]:
+        if requests.blocks is not None:
+            return self.block_text(requests, prefix_seed)
         if requests.prefix is None:
             return self.make(lengths, seed)
         sharing = requests.prefix != NO_PREFIX

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from objectives.scenario import Closed, Sessions, Workload
+from objectives.scenario import Closed, Replay, Sessions, Workload
 from runners.load.draws import inter_arrival_s, open_arrivals, sample_lengths, with_burst
 
 FIRST_TURN = -1  # `previous` of a session's first turn in the test
@@ -103,6 +103,7 @@ def plan_sessions(
         turns = _Turns(counts, _think_times(counts, sessions.think_time_s, own))
         turns.new[:], turns.out[:] = new_tokens, output_tokens
         return _as_requests(workload, turns, None, None, prefix, prefix_tokens)
+    assert not isinstance(arrival, Replay), "a trace has no drawn sessions (Workload refuses it)"
 
     # Sessions starting in the test: never more than its turns, each starting with one.
     fresh = _Drawn(workload, n, FRESH)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from objectives.scenario import Closed, Workload
+from objectives.scenario import Closed, Replay, Workload
 from runners.load.draws import open_arrivals, sample_lengths, with_burst
 from runners.load.sessions import SessionPlan, plan_sessions
+from runners.load.trace_replay import replay_arrivals, replay_chains
 
 NO_PREFIX = -1
 
@@ -30,6 +31,12 @@ class Requests:
     sessions: SessionPlan | None = None
     # With sessions, whether each request is the burst's (without, the burst's indices say).
     burst: np.ndarray | None = None
+    # A trace's shared prompt blocks (runners.load.prefix_chains): each `prefix` key's tokens
+    # and the shorter key it starts with, and each prompt's block ids, `block_tokens` each.
+    prefix_sizes: np.ndarray | None = None
+    prefix_ancestor: np.ndarray | None = None
+    blocks: list[np.ndarray] | None = None
+    block_tokens: int = 0
 
     def __len__(self) -> int:
         return int(self.input_tokens.size)
@@ -54,6 +61,10 @@ class Requests:
             self.concurrency,
             None if self.prefix is None else self.prefix[::step],
             self.prefix_tokens,
+            prefix_sizes=self.prefix_sizes,
+            prefix_ancestor=self.prefix_ancestor,
+            blocks=None if self.blocks is None else self.blocks[::step],
+            block_tokens=self.block_tokens,
         )
 
 
@@ -71,6 +82,8 @@ def draw_prefixes(workload: Workload, inputs: np.ndarray) -> tuple[np.ndarray, n
 
 
 def make_requests(workload: Workload) -> Requests:
+    if workload.trace is not None:
+        return _trace_requests(workload)
     rng = np.random.default_rng(workload.seed)
     n = workload.num_requests
     inputs = sample_lengths(workload.input_tokens, n, rng)
@@ -88,10 +101,32 @@ def make_requests(workload: Workload) -> Requests:
         return _session_requests(workload, inputs, outputs, prefix, prefix_tokens)
     if isinstance(arrival, Closed):  # requests follow completions: no arrival times
         return Requests(inputs, outputs, None, arrival.concurrency, prefix, prefix_tokens)
+    assert not isinstance(arrival, Replay), "a trace's requests are replay_requests'"
     arrivals = open_arrivals(arrival, n, arrival.rate, rng)
     if workload.burst is not None:
         arrivals = with_burst(arrivals, *workload.burst.indices(), workload.burst.multiple)
     return Requests(inputs, outputs, arrivals, None, prefix, prefix_tokens)
+
+
+def _trace_requests(workload: Workload) -> Requests:
+    """A trace's window replayed (runners.load.trace_replay), with its shared prompt blocks."""
+    arrivals, inputs, outputs, copy = replay_arrivals(workload)
+    chained = replay_chains(workload, copy)
+    if chained is None:
+        return Requests(inputs, outputs, arrivals, None)
+    load, blocks, size = chained
+    return Requests(
+        inputs,
+        outputs,
+        arrivals,
+        None,
+        load.key,
+        0,
+        prefix_sizes=load.tokens,
+        prefix_ancestor=load.ancestor,
+        blocks=blocks,
+        block_tokens=size,
+    )
 
 
 def _session_requests(

@@ -16,6 +16,7 @@ class Admission(Swapping):
     waiting: deque[int]
     prefix_cache: PrefixCache | None
     prefix: list[int]
+    deeper: list[int]  # a trace's key, where the request holds only a shorter one (`prefix`)
     free_blocks: int
     total_blocks: int
     peak_used: int
@@ -40,31 +41,65 @@ class Admission(Swapping):
 
     def _acquire_prefix(self, request: int) -> tuple[int, float | None]:
         """The prompt tokens an admitted request finds cached, and the seconds to reload them
-        from the host tier (None: found on the device, or not at all)."""
+        from the host tier (None: found on the device, or not at all). A prompt computes its
+        last token at least, as vLLM's block cache leaves the block that holds it to compute (a
+        trace's key can be a whole prompt of one of its users)."""
         cache, prefix = self.prefix_cache, self.prefix[request]
         if cache is None or prefix == NO_PREFIX:
             return 0, None
-        self.cached[request] = cache.acquire(prefix)
+        most = (self.prompt[request] - 1) // self.block_tokens * self.block_tokens
+        self.cached[request] = min(cache.acquire(prefix), most)
         if self.cached[request]:
             return self.cached[request], None
         reload_s = cache.reload_seconds(prefix)
-        return (0, None) if reload_s is None else (cache.host[prefix].tokens, reload_s)
+        if reload_s is not None:
+            return min(cache.host[prefix].tokens, most), reload_s
+        start = cache.resident_start(prefix)
+        if start >= 0:  # a trace's key found in part: it holds that part and computes on
+            self.deeper[request] = prefix
+            self.prefix[request] = start
+            self.cached[request] = min(cache.acquire(start), most)
+        return self.cached[request], None
 
     def _release_prefix(self, request: int) -> None:
         if self.cached[request]:
             self.prefix_cache.release(self.prefix[request])  # type: ignore[union-attr]
             self.cached[request] = 0
+        if self.deeper[request] != NO_PREFIX:  # it looks its own key up again next time
+            self.prefix[request], self.deeper[request] = self.deeper[request], NO_PREFIX
 
     def _cache_prefix(self, request: int) -> None:
         """A request that computed its shared prefix hands those blocks to the cache (a
         session's history is handed over when its turn ends: runners.sim.arrivals)."""
         cache, prefix = self.prefix_cache, self.prefix[request]
-        if cache is None or prefix < 0 or self.cached[request]:
+        if cache is None or prefix < 0:
             return
-        if cache.can_insert(prefix) and self.blocks[request] > cache.blocks:
-            cache.insert(prefix)
-            self.blocks[request] -= cache.blocks
-            self.cached[request] = cache.tokens
+        if self.cached[request]:
+            self._extend_prefix(request)
+            return
+        blocks, tokens = cache.size_of(prefix)
+        if cache.can_insert(prefix) and self.blocks[request] > blocks:
+            cache.insert(prefix, blocks, tokens)
+            self.blocks[request] -= blocks
+            self.cached[request] = tokens
+
+    def _extend_prefix(self, request: int) -> None:
+        """A request that found its key in part hands the blocks it computed past that part
+        to the cache, as its key (which keeps the part resident while it is)."""
+        cache, deeper = self.prefix_cache, self.deeper[request]
+        assert cache is not None, "only a prefix cache extends a key"
+        if deeper == NO_PREFIX or not cache.can_insert(deeper):
+            return
+        found = self.prefix[request]
+        blocks, tokens = cache.size_of(deeper)
+        extra = blocks - cache.entries[found].blocks
+        if extra <= 0 or self.blocks[request] <= extra:
+            return
+        cache.insert(deeper, extra, tokens, parent=found)
+        cache.release(found)  # it uses its own key now, which holds the part
+        self.prefix[request], self.deeper[request] = deeper, NO_PREFIX
+        self.blocks[request] -= extra
+        self.cached[request] = tokens
 
     def _prefill_work(self, batch: list[int]) -> tuple[int, float, int]:
         """Prompt tokens computed, the attention pairs they form, and the cached tokens read."""

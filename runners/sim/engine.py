@@ -76,6 +76,7 @@ class Simulation(DecodeRun):
         self.prefix_cache = prefix_cache
         self.prefix = [NO_PREFIX] * planned if requests.prefix is None else requests.prefix.tolist()
         self.cached = [0] * planned  # prompt tokens it found in the prefix cache (0: none)
+        self.deeper = [NO_PREFIX] * planned
         self.reload_s = 0.0  # host-tier reloads the next step waits for
         self.version = [0] * planned  # invalidates heap entries of a preempted request
         self.total_blocks = self.free_blocks = kv_blocks

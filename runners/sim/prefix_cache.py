@@ -52,6 +52,10 @@ class PrefixCache:
         self.host_tier = host
         self.host: OrderedDict[int, Entry] = OrderedDict()  # offloaded, least recently used first
         self.host_blocks = 0
+        # A trace's keys (runners.load.prefix_chains): each one's tokens and the shorter key it
+        # starts with; none: every key is the shared prefix's size.
+        self.sizes: list[int] = []
+        self.ancestor: list[int] = []
         self.stats: dict[str, float] = {"prefix_evictions": 0}
         if host is not None and host.blocks:
             self.stats |= {"prefix_offloads": 0, "prefix_reloads": 0, "host_drops": 0}
@@ -71,8 +75,28 @@ class PrefixCache:
             del self.idle[prefix]
             self.idle_blocks -= self.entries[prefix].blocks
 
+    def chain(self, sizes: list[int], ancestor: list[int]) -> None:
+        """Keys of their own sizes, each starting with its ancestor's blocks."""
+        self.sizes, self.ancestor = sizes, ancestor
+
+    def size_of(self, prefix: int) -> tuple[int, int]:
+        """A key's whole blocks and the prompt tokens they hold."""
+        if not self.sizes:
+            return self.blocks, self.tokens
+        blocks = self.sizes[prefix] // self.block_tokens
+        return blocks, blocks * self.block_tokens
+
+    def resident_start(self, prefix: int) -> int:
+        """The longest key on the device that `prefix` starts with (-1: none)."""
+        if not self.ancestor:
+            return -1
+        start = self.ancestor[prefix]
+        while start >= 0 and start not in self.users:
+            start = self.ancestor[start]
+        return start
+
     def can_insert(self, prefix: int) -> bool:
-        return self.blocks > 0 and prefix not in self.users
+        return self.size_of(prefix)[0] > 0 and prefix not in self.users
 
     def insert(
         self,

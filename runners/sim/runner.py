@@ -330,8 +330,13 @@ class _SimSession:
         bound = sla.ttft_p99_ms / 1000 if sla is not None and stop_early else None
         requests = replica_requests(workload, self.replicas)
         cache = None
-        if self.prefix_caching and (requests.prefix_tokens or requests.sessions is not None):
+        chained = requests.prefix_sizes is not None
+        if self.prefix_caching and (
+            requests.prefix_tokens or requests.sessions is not None or chained
+        ):
             cache = PrefixCache(requests.prefix_tokens, self.block, self.host_tier)
+            if requests.prefix_sizes is not None and requests.prefix_ancestor is not None:
+                cache.chain(requests.prefix_sizes.tolist(), requests.prefix_ancestor.tolist())
         return Simulation(
             self.cost, self.scheduler, requests, self.blocks, self.block, bound, cache, self.swap
         )
