@@ -85,6 +85,8 @@ def test_the_simulator_hits_the_blocks_a_trace_shares(tmp_path):
         (20_000, 8192, 4, list(range(16))),  # starts with the first's 8
         (40_000, 8192, 4, list(range(100, 116))),  # shares nothing
         (60_000, 8192, 4, list(range(16))),  # the second's prompt again
+        (80_000, 12288, 4, list(range(24))),  # starts with the second's 16 (a key on a key)
+        (100_000, 12288, 4, list(range(24))),  # the fifth's prompt again
     ]
     path = _mooncake(tmp_path / "m.jsonl", rows)
     workload = Workload.model_validate({"trace": {"file": str(path), "format": "mooncake"}})
@@ -106,8 +108,8 @@ def test_the_simulator_hits_the_blocks_a_trace_shares(tmp_path):
         m = sim.run()
         assert m.ok.all()
         computed[caching] = [s.prefill_tokens for s in sim.trace if s.kind == "prefill"]
-    assert computed[False] == [4096, 8192, 8192, 8192]
-    assert computed[True] == [4096, 8192 - 4096, 8192, 128]
+    assert computed[False] == [4096, 8192, 8192, 8192, 12288, 12288]
+    assert computed[True] == [4096, 8192 - 4096, 8192, 128, 12288 - 8192, 128]
 
 
 def test_capacity_on_a_trace_is_a_multiple_of_its_rate(tmp_path):

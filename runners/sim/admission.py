@@ -92,7 +92,8 @@ class Admission(Swapping):
             return
         found = self.prefix[request]
         blocks, tokens = cache.size_of(deeper)
-        extra = blocks - cache.entries[found].blocks
+        # the part's whole length: a chained entry holds only the blocks past its own parent
+        extra = blocks - cache.entries[found].tokens // cache.block_tokens
         if extra <= 0 or self.blocks[request] <= extra:
             return
         cache.insert(deeper, extra, tokens, parent=found)
