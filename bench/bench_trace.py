@@ -74,23 +74,12 @@ def hold_export(export_path: Path) -> bool:
     return every
 
 
-def lognormal_like(values: np.ndarray) -> dict:
-    """A lognormal length distribution with the median, log spread and bounds of `values`."""
-    logs = np.log(values)
-    return {
-        "kind": "lognormal",
-        "median": float(np.exp(np.median(logs))),
-        "sigma": float(logs.std()),
-        "min": int(values.min()),
-        "max": int(values.max()),
-    }
-
-
 def cost_per_request() -> None:
     """One config on the trace's replay and on drawn requests alike in rate and lengths
     (Poisson at its rate, lognormal lengths with its medians and spreads), as many of each:
     simulated requests per CPU second, the trace's read and keys included (warm: cached)."""
     from objectives.scenario import Workload
+    from objectives.trace_fit import lognormal_fit
     from objectives.trace_formats import read_window
 
     runner = SimRunner()
@@ -103,8 +92,8 @@ def cost_per_request() -> None:
         {
             "arrival": {"kind": "poisson", "rate": window.rate},
             "num_requests": len(window),
-            "input_tokens": lognormal_like(window.input_tokens),
-            "output_tokens": lognormal_like(window.output_tokens),
+            "input_tokens": lognormal_fit(window.input_tokens)[0],
+            "output_tokens": lognormal_fit(window.output_tokens)[0],
         }
     )
     print(f"{'workload':<26} {'requests':>9} {'CPU s':>7} {'req/CPU-s':>10} {'steps':>8}")

@@ -7,7 +7,6 @@ may say about them (`workload.trace`) and what the window holds once read (Trace
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -143,10 +142,6 @@ class TraceWindow:
         """Whether its prompts can share text: it names prompt blocks or conversations."""
         return self.blocks is not None or self.session is not None
 
-    @property
-    def mean_output(self) -> float:
-        return float(self.output_tokens.mean())
-
     def lengths(self) -> dict[str, tuple[int, int, float]]:
         """Each length's min, max and mean (the scenario's input_tokens / output_tokens)."""
         return {
@@ -162,6 +157,4 @@ def window_span(arrival_s: np.ndarray, duration_s: float | None) -> float:
     last = float(arrival_s[-1]) if n else 0.0
     gap = last / (n - 1) if n > 1 and last > 0 else 1.0
     span = last + gap
-    if duration_s is not None:
-        span = max(span, duration_s) if math.isfinite(duration_s) else span
-    return span
+    return span if duration_s is None else max(span, duration_s)

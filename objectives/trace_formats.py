@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import stat
 import zlib
 from collections.abc import Iterator
 from datetime import datetime
@@ -27,6 +26,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from objectives.trace import Trace, TraceColumns, TraceWindow, window_span
+from objectives.userfile import regular_file
 
 # Each format's columns: arrival, prompt tokens, output tokens, session, blocks.
 KNOWN_COLUMNS = {
@@ -57,16 +57,7 @@ class TraceError(ValueError):
 def open_trace(path: Path) -> io.TextIOBase:
     """The trace as text lines: a regular file (a FIFO would block, a directory is none),
     gunzipped where it is gzip."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise TraceError(f"trace {path}: not found") from None
-    except OSError as error:
-        raise TraceError(f"trace {path}: cannot read: {error.strerror}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise TraceError(f"trace {path}: is a directory, not a trace file")
-    if not stat.S_ISREG(info.st_mode):
-        raise TraceError(f"trace {path}: not a regular file (a pipe, socket or device)")
+    regular_file(path, "trace file", TraceError)
     try:
         raw = path.open("rb")
     except OSError as error:
@@ -182,14 +173,15 @@ def _read_window(trace: Trace, version: tuple[int, int, int] | None) -> TraceWin
     session = None
     if columns.session:
         _, session = np.unique(np.asarray(sessions)[kept], return_inverse=True)
+    arrival = arrival[kept] - arrival[kept][0]  # the policy never empties the window
     return TraceWindow(
-        arrival_s=arrival[kept] - arrival[kept][0] if kept.any() else arrival,
+        arrival_s=arrival,
         input_tokens=prompts[kept],
         output_tokens=answers[kept],
         session=session,
         blocks=[blocks[i] for i in np.flatnonzero(kept)] if columns.blocks else None,
         block_tokens=trace.block_size,
-        span_s=window_span(arrival[kept] - arrival[kept][0], trace.duration_s),
+        span_s=window_span(arrival, trace.duration_s),
         over_context=over,
         sha256=file_sha256(path),
     )

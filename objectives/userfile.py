@@ -53,19 +53,28 @@ def validate(model: type[M], data: object, source: str, base_dir: Path | None = 
 MAX_USER_FILE_BYTES = 1_000_000  # every file a user writes here is a few kB
 
 
-def read_text(path: Path, what: str = "file") -> str:
-    """A user's file as text: a regular UTF-8 file of sane size, or one clear line saying why not.
-    A FIFO or device would block for ever, so only regular files are opened."""
+def regular_file(
+    path: Path, what: str = "file", error: type[Exception] = InputError
+) -> os.stat_result:
+    """A user's path, checked to be a regular file (a FIFO or device would block for ever, a
+    directory is none): its stat, or `error` with one clear line saying why not."""
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found") from None
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror}") from None
+        raise error(f"{path}: {what} not found") from None
+    except OSError as failure:
+        raise error(f"{path}: cannot read: {failure.strerror}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise InputError(f"{path}: is a directory, not a {what}")
+        raise error(f"{path}: is a directory, not a {what}")
     if not stat.S_ISREG(info.st_mode):
-        raise InputError(f"{path}: not a regular file (a pipe, socket or device); give a {what}")
+        raise error(f"{path}: not a regular file (a pipe, socket or device); give a {what}")
+    return info
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """A user's file as text: a regular UTF-8 file of sane size, or one clear line saying why not.
+    A FIFO or device would block for ever, so only regular files are opened."""
+    info = regular_file(path, what)
     if info.st_size > MAX_USER_FILE_BYTES:
         raise InputError(
             f"{path}: {info.st_size:,} bytes; "

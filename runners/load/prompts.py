@@ -61,14 +61,17 @@ class PromptMaker:
         rng = np.random.default_rng(seed)
         prompts = []
         for n in lengths:
-            text = "".join(rng.choice(self.words, int(n)))
-            if self.count(text) != n:
-                raise InputError(
-                    f"tokenizer: a {n}-word prompt does not encode to {n} tokens; "
-                    "this tokenizer's pre-tokenizer merges across words"
-                )
-            prompts.append(text)
+            prompts.append(self._exact("".join(rng.choice(self.words, int(n))), int(n)))
         return prompts
+
+    def _exact(self, text: str, n: int) -> str:
+        """`text`, checked to encode to its `n` words' `n` tokens."""
+        if self.count(text) != n:
+            raise InputError(
+                f"tokenizer: a {n}-word prompt does not encode to {n} tokens; "
+                "this tokenizer's pre-tokenizer merges across words"
+            )
+        return text
 
     def for_requests(
         self,
@@ -121,13 +124,7 @@ class PromptMaker:
             if joined.size < length:  # blocks short of the prompt: the rest its own
                 rng = np.random.default_rng([prefix_seed, -1 - len(prompts)])
                 joined = np.concatenate([joined, rng.choice(words, length - joined.size)])
-            text = "".join(joined[:length])
-            if self.count(text) != length:
-                raise InputError(
-                    f"tokenizer: a {length}-word prompt does not encode to {length} tokens; "
-                    "this tokenizer's pre-tokenizer merges across words"
-                )
-            prompts.append(text)
+            prompts.append(self._exact("".join(joined[:length]), length))
         return prompts
 
     def _own_text(

@@ -37,9 +37,9 @@ def replay_order(count: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]
     return position % count, position // count
 
 
-def replay_arrivals(workload: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def replay_arrivals(workload: Workload) -> tuple[np.ndarray, ...]:
     """The load's arrival times (from 0, at the workload's rate), prompt and output lengths,
-    and each request's copy of the window."""
+    and each request's place in the window and copy of it (replay_order)."""
     trace = workload.trace
     assert trace is not None, "a trace workload"
     window = read_window(trace)
@@ -48,10 +48,10 @@ def replay_arrivals(workload: Workload) -> tuple[np.ndarray, np.ndarray, np.ndar
     at_s = at_s - at_s[0]
     # the trace's own rate -> the workload's: its gaps shrink by the multiple
     at_s = at_s * (window.rate / workload.arrival.rate)  # type: ignore[union-attr]
-    return at_s, window.input_tokens[order], window.output_tokens[order], copy
+    return at_s, window.input_tokens[order], window.output_tokens[order], order, copy
 
 
-def window_blocks(trace: Trace, window: TraceWindow) -> tuple[list[np.ndarray] | None, int]:
+def _window_blocks(trace: Trace, window: TraceWindow) -> tuple[list[np.ndarray] | None, int]:
     """The window's prompt blocks and their size: the trace's own, else its conversations'."""
     if window.blocks is not None:
         return window.blocks, window.block_tokens
@@ -64,7 +64,7 @@ def window_blocks(trace: Trace, window: TraceWindow) -> tuple[list[np.ndarray] |
 @lru_cache(maxsize=8)
 def _window_chains(trace: Trace) -> tuple[PrefixChains, list[np.ndarray], int] | None:
     window = read_window(trace)
-    blocks, size = window_blocks(trace, window)
+    blocks, size = _window_blocks(trace, window)
     if blocks is None:
         return None
     return chain_keys(blocks, window.input_tokens, size), blocks, size
@@ -77,16 +77,17 @@ def window_chains(trace: Trace) -> PrefixChains:
     return chained[0]
 
 
-def replay_chains(workload: Workload, copy: np.ndarray) -> tuple[PrefixChains, list, int] | None:
-    """Where the trace's prompts share blocks: the load's prefix keys
-    (runners.load.prefix_chains), its prompts' block ids and their size, each replay of the
-    window with ids of its own (None: they share none)."""
-    assert workload.trace is not None, "a trace workload"
-    chained = _window_chains(workload.trace)
+def replay_chains(
+    trace: Trace, order: np.ndarray, copy: np.ndarray
+) -> tuple[PrefixChains, list, int] | None:
+    """Where the trace's prompts share blocks: the prefix keys (runners.load.prefix_chains)
+    of a load replaying the window's requests `order` in `copy` (replay_arrivals), its
+    prompts' block ids and their size, each replay of the window with ids of its own (None:
+    they share none)."""
+    chained = _window_chains(trace)
     if chained is None:
         return None
     chains, blocks, size = chained
-    order, _ = replay_order(len(blocks), workload.num_requests, workload.seed)
     span = 1 + max((int(b.max()) for b in blocks if b.size), default=0)
     ids = [blocks[i] + c * span for i, c in zip(order.tolist(), copy.tolist(), strict=True)]
     return chains.tiled(copy, order), ids, size

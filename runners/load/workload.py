@@ -110,8 +110,9 @@ def make_requests(workload: Workload) -> Requests:
 
 def _trace_requests(workload: Workload) -> Requests:
     """A trace's window replayed (runners.load.trace_replay), with its shared prompt blocks."""
-    arrivals, inputs, outputs, copy = replay_arrivals(workload)
-    chained = replay_chains(workload, copy)
+    arrivals, inputs, outputs, order, copy = replay_arrivals(workload)
+    assert workload.trace is not None, "a trace workload"
+    chained = replay_chains(workload.trace, order, copy)
     if chained is None:
         return Requests(inputs, outputs, arrivals, None)
     load, blocks, size = chained
