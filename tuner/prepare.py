@@ -152,13 +152,15 @@ def prepare(
     before_writes: Callable[[optuna.storages.RDBStorage, str], None] | None = None,
     chips: int = 1,
     chip_cost_per_hour: float | None = None,
+    derived: tuple[Scenario, str] | None = None,
 ) -> Prepared:
     """Validate every input and output before anything is written, then open (or resume) the study.
     `before_writes(storage, study name)` runs once the storage is open, before the study is written
-    (nightly takes its lock there)."""
+    (nightly takes its lock there). `derived`: the scenario to run instead of --scenario's, and
+    what names it in messages (a night's traffic, tuner.nightly_traffic)."""
     if scenario is None:
         raise InputError(f"--scenario is required; presets: {', '.join(preset_names())}")
-    chosen = load_scenario(scenario)
+    chosen, source = derived or (load_scenario(scenario), f"--scenario {scenario}")
     runner = _make_runner(
         runner_name,
         engine=engine,
@@ -169,10 +171,8 @@ def prepare(
         chips=chips,
     )
     runner.check_inputs()
-    chosen = check_context(chosen, f"--scenario {scenario}", runner)
-    space = SearchSpace.load(runner.engine, space_path).fit_workload(
-        chosen.workload, f"--scenario {scenario}"
-    )
+    chosen = check_context(chosen, source, runner)
+    space = SearchSpace.load(runner.engine, space_path).fit_workload(chosen.workload, source)
     for part, what in (("burst", "a burst"), ("sessions", "sessions")):
         if chips > 1 and getattr(chosen.workload, part) is not None:
             raise InputError(
@@ -194,9 +194,7 @@ def prepare(
     space = runner.adapt(space)
     if runner.name not in CHIP_BUDGET_RUNNERS:  # these measure one co-located instance
         space = with_deployment(space, 1, 1.0, "", False)
-    quality = plan_quality(
-        chosen, f"--scenario {scenario}", runner, space, quality_path, quality_prompts_path
-    )
+    quality = plan_quality(chosen, source, runner, space, quality_path, quality_prompts_path)
     space, chosen = quality.space, quality.scenario
     ceiling = runner.batch_ceiling(space, chosen.workload)
     if ceiling is not None:

@@ -53,17 +53,26 @@ class KLDivergence:
 
 
 def parse_kl_output(text: str) -> KLDivergence:
-    """The figures of llama-perplexity's KL run (its "Mean    KLD", "Same top p" and chunk lines);
-    QualityUnavailable with the tool's last words when they are missing."""
-    mean = re.search(rf"^Mean\s+KLD:\s+{_NUMBER}", text, re.MULTILINE)
-    same = re.search(rf"^Same top p:\s+{_NUMBER}\s*±\s*{_NUMBER}\s*%", text, re.MULTILINE)
+    """The figures of llama-perplexity's KL run: its summary ("Mean    KLD", "Same top p"), or
+    where its log lost the summary's lines at exit, its last chunk's row (each row holds the
+    running figures over every chunk so far, so the last one's are the summary's, printed to
+    one digit less); QualityUnavailable with the tool's last words when neither is there."""
     chunks = re.search(r"computing over (\d+) chunks, n_ctx=(\d+)", text)
-    if not (mean and same and chunks):
+    if chunks is None:
         raise QualityUnavailable(f"llama-perplexity printed no KL divergence: {last_words(text)}")
     n_chunk, n_ctx = int(chunks.group(1)), int(chunks.group(2))
-    return KLDivergence(
-        float(mean.group(1)), float(same.group(1)) / 100, n_chunk * (n_ctx - 1 - n_ctx // 2)
-    )
+    positions = n_chunk * (n_ctx - 1 - n_ctx // 2)
+    mean = re.search(rf"^Mean\s+KLD:\s+{_NUMBER}", text, re.MULTILINE)
+    same = re.search(rf"^Same top p:\s+{_NUMBER}\s*±\s*{_NUMBER}\s*%", text, re.MULTILINE)
+    if mean and same:
+        return KLDivergence(float(mean.group(1)), float(same.group(1)) / 100, positions)
+    pair = rf"{_NUMBER}\s*±\s*{_NUMBER}"
+    # chunk, PPL, ln(PPL(Q)/PPL(base)), KL divergence, Δp RMS %, same top p %
+    row = rf"^\s*{n_chunk}\s+{pair}\s+{pair}\s+{pair}\s+{pair}\s*%\s+{pair}\s*%"
+    last = re.search(row, text, re.MULTILINE)
+    if last is None:
+        raise QualityUnavailable(f"llama-perplexity printed no KL divergence: {last_words(text)}")
+    return KLDivergence(float(last.group(5)), float(last.group(9)) / 100, positions)
 
 
 def last_words(text: str) -> str:
@@ -177,16 +186,17 @@ class PerplexityQuality:
             "--kl-divergence",
             *self._args(context, precision, kv_type),
         ]
-        for _ in range(_ATTEMPTS):
+        for attempt in range(_ATTEMPTS):
             output = _run(argv, self.timeout_s)
-            # Its log thread can lose the last lines at exit (exit status 0, about 1 run in 20
-            # here), or every line (twice in one full test run on a busy machine): a run that
-            # computed, or printed nothing at all, but no summary is run again.
-            if "KL divergence statistics" in output or (
-                "computing over" not in output and output.strip()
-            ):
-                break
-        return parse_kl_output(output), context
+            # Its log thread can lose lines at exit (exit status 0): the summary's (about 1 run
+            # in 20 here; the last chunk's row then stands for it), or every line (on a busy
+            # machine): a run with neither is run again.
+            try:
+                return parse_kl_output(output), context
+            except QualityUnavailable:
+                if attempt == _ATTEMPTS - 1 or (output.strip() and "computing over" not in output):
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def measure(self, config: dict[str, Any], prompts: list[str]) -> QualityFigure:
         started = time.monotonic()
