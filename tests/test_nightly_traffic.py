@@ -16,6 +16,7 @@ from objectives.scenario import Scenario, load_scenario
 from objectives.userfile import InputError
 from runners.load.workload import Requests, make_requests
 from tests.conftest import run_autotune
+from tests.test_nightly import _nightly as nightly
 from tuner.nightly import EXIT_PROMOTED, EXIT_UNCHANGED
 from tuner.nightly_traffic import Traffic, compare, drifted, tonights_scenario, traffic_of
 
@@ -127,23 +128,20 @@ def traffic_of_share(scenario: Scenario) -> float:
 
 
 def _night(work: Path, db: str, log: str, *extra: str):
-    return run_autotune(
-        "nightly",
-        "--scenario",
-        "svc.yaml",
-        "--storage",
-        db,
-        "--budget",
-        "3",
-        "--repeats",
-        "2",
-        "--export",
-        "deployed.yaml",
-        "--trace",
-        log,
-        *extra,
+    return nightly(work, Path("svc.yaml"), db, "--trace", log, *extra)
+
+
+def _trace_study(work: Path, trials: int) -> str:
+    """A study on the service's Monday log (svc.yaml); its storage URL."""
+    _azure_log(work / "monday.csv")
+    _trace_study_scenario(work, work / "monday.csv")
+    db = f"sqlite:///{work / 'n.db'}"
+    study = run_autotune(
+        "--scenario", "svc.yaml", "--trials", str(trials), "--polish", "0", "--storage", db,
         cwd=work,
-    )
+    )  # fmt: skip
+    assert study.returncode == 0, study.stderr
+    return db
 
 
 def _studies(db_file: Path) -> list[str]:
@@ -151,13 +149,7 @@ def _studies(db_file: Path) -> list[str]:
 
 
 def test_the_same_traffic_runs_the_night_as_before_and_twice_its_rate_retunes_on_it(tmp_path):
-    _azure_log(tmp_path / "monday.csv")
-    _trace_study_scenario(tmp_path, tmp_path / "monday.csv")
-    db = f"sqlite:///{tmp_path / 'n.db'}"
-    study = run_autotune(
-        "--scenario", "svc.yaml", "--trials", "6", "--polish", "0", "--storage", db, cwd=tmp_path
-    )
-    assert study.returncode == 0, study.stderr
+    db = _trace_study(tmp_path, 6)
 
     same = _night(tmp_path, db, "monday.csv")
     assert same.returncode == EXIT_PROMOTED, same.stderr  # no deployed config yet
@@ -192,13 +184,7 @@ def test_the_same_traffic_runs_the_night_as_before_and_twice_its_rate_retunes_on
 
 
 def test_nightly_trace_bad_input_one_line_exit_2_nothing_written(tmp_path):
-    _azure_log(tmp_path / "monday.csv")
-    _trace_study_scenario(tmp_path, tmp_path / "monday.csv")
-    db = f"sqlite:///{tmp_path / 'n.db'}"
-    study = run_autotune(
-        "--scenario", "svc.yaml", "--trials", "3", "--polish", "0", "--storage", db, cwd=tmp_path
-    )
-    assert study.returncode == 0, study.stderr
+    db = _trace_study(tmp_path, 3)
     (tmp_path / "logs").mkdir()
     cases = {
         "another format": ((str(MOONCAKE),), "--trace"),
