@@ -4,6 +4,7 @@ runs the night as before, twice its rate re-tunes on it and says why, bad logs a
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -108,7 +109,8 @@ def test_tonights_scenario_reads_the_log_as_the_studys_trace_and_refuses_another
 ):
     log = _azure_log(tmp_path / "monday.csv")
     study = load_scenario(str(_trace_study_scenario(tmp_path, log)))
-    tonight = tonights_scenario(study, _azure_log(tmp_path / "tue.csv", 2.0), None)
+    tonight, notes = tonights_scenario(study, _azure_log(tmp_path / "tue.csv", 2.0), None)
+    assert notes == []
     assert tonight.workload.trace is not None and tonight.workload.trace.format == "azure"
     assert tonight.workload.arrival.rate == pytest.approx(2 * study.workload.arrival.rate)
     assert tonight.sla == study.sla and tonight.name == study.name
@@ -119,8 +121,88 @@ def test_tonights_scenario_reads_the_log_as_the_studys_trace_and_refuses_another
         tonights_scenario(drawn, log, None)
     with pytest.raises(InputError, match=r"^--trace-format: csv needs a column map"):
         tonights_scenario(drawn, log, "csv")
-    mooncake = tonights_scenario(drawn, MOONCAKE, "mooncake")
+    mooncake, _ = tonights_scenario(drawn, MOONCAKE, "mooncake")
     assert traffic_of_share(mooncake) > 0.3  # its prompt blocks repeat (64% of blocks)
+
+
+def test_tonights_log_is_replayed_whole_not_at_the_study_logs_window(tmp_path):
+    """The study replayed seconds 60-120 of Monday's log; tonight's log is another one, read
+    from its first request to its last (Monday's offset names no place in it)."""
+    log = _azure_log(tmp_path / "monday.csv")  # 600 requests at 4 req/s: about 150 s
+    path = _trace_study_scenario(tmp_path, log)
+    data = yaml.safe_load(path.read_text())
+    data["workload"]["trace"] |= {"start_s": 60.0, "duration_s": 60.0}
+    path.write_text(yaml.safe_dump(data))
+    study = load_scenario(str(path))
+    assert 180 <= study.workload.num_requests <= 300  # 60 s at about 4 req/s
+    tonight, _ = tonights_scenario(study, _azure_log(tmp_path / "tue.csv"), None)
+    assert tonight.workload.num_requests == 600
+
+
+def test_a_burst_studys_night_keeps_its_ttft_bound_and_drops_the_drawn_bursts_with_a_note(
+    tmp_path,
+):
+    """customer-service-burst bounds its drawn burst's TTFT; tonight's log brings its own
+    arrivals, so that bound has no burst to judge: the night says so and keeps the rest."""
+    study = load_scenario("customer-service-burst")
+    tonight, notes = tonights_scenario(study, _azure_log(tmp_path / "tue.csv"), "azure")
+    assert tonight.workload.burst is None and tonight.sla.burst_ttft_p99_ms is None
+    assert tonight.sla.ttft_p99_ms == study.sla.ttft_p99_ms == 500
+    assert len(notes) == 1 and "sla.burst_ttft_p99_ms" in notes[0]
+
+
+def test_absolute_search_bounds_move_with_tonights_rate(tmp_path):
+    """A study that searched 2-40 req/s around its 4 req/s searches 4-80 on a log at 8 req/s
+    (absolute bounds stated for one rate would refuse a log beyond them)."""
+    log = _azure_log(tmp_path / "monday.csv")
+    path = _trace_study_scenario(tmp_path, log)
+    data = yaml.safe_load(path.read_text())
+    data["load"] = {"min_rate": 2.0, "max_rate": 40.0}
+    path.write_text(yaml.safe_dump(data))
+    study = load_scenario(str(path))
+    tonight, _ = tonights_scenario(study, _azure_log(tmp_path / "tue.csv", 8.0), None)
+    moved = tonight.nominal_rate / study.nominal_rate
+    assert moved == pytest.approx(8.0)
+    assert tonight.load.min_rate == pytest.approx(2.0 * moved)
+    assert tonight.load.max_rate == pytest.approx(40.0 * moved)
+
+
+def _mooncake_log(path: Path, blocks_of) -> Path:
+    """Mooncake's format: 200 requests 0.2 s apart, 4 blocks of 512 tokens each."""
+    rows = [
+        json.dumps(
+            {"timestamp": i * 200, "input_length": 2048, "output_length": 16,
+             "hash_ids": blocks_of(i)}
+        )
+        for i in range(200)
+    ]  # fmt: skip
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_a_log_whose_blocks_never_repeat_shares_nothing_and_one_that_repeats_shares_them(
+    tmp_path,
+):
+    drawn = load_scenario("customer-service")
+    unique = _mooncake_log(tmp_path / "u.jsonl", lambda i: [4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3])
+    tonight, _ = tonights_scenario(drawn, unique, "mooncake")
+    assert traffic_of_share(tonight) == 0.0
+    # every prompt opens with the same two blocks: half of each prompt's tokens (but the first's)
+    shared = _mooncake_log(tmp_path / "s.jsonl", lambda i: [0, 1, 2 + 2 * i, 3 + 2 * i])
+    tonight, _ = tonights_scenario(drawn, shared, "mooncake")
+    assert traffic_of_share(tonight) == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_drawn_sessions_history_counts_as_shared_as_a_logs_turns_do():
+    """multi-turn-chat's later turns carry their conversation so far: that history is a start
+    the turn shares with its session's earlier prompts (a log's turns are counted so)."""
+    requests = make_requests(load_scenario("multi-turn-chat").workload)
+    assert requests.sessions is not None
+    history = requests.input_tokens - requests.sessions.new_tokens
+    assert traffic_of(requests).prefix_share == pytest.approx(
+        history.sum() / requests.input_tokens.sum()
+    )
+    assert traffic_of(requests).prefix_share > 0.5  # 5 turns a session on average
 
 
 def traffic_of_share(scenario: Scenario) -> float:
@@ -186,7 +268,13 @@ def test_the_same_traffic_runs_the_night_as_before_and_twice_its_rate_retunes_on
 def test_nightly_trace_bad_input_one_line_exit_2_nothing_written(tmp_path):
     db = _trace_study(tmp_path, 3)
     (tmp_path / "logs").mkdir()
+    (tmp_path / "empty.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    rows = (tmp_path / "monday.csv").read_text().splitlines()
+    rows[5] = rows[5].rsplit(",", 1)[0] + ",-3"  # a negative answer length
+    (tmp_path / "bad-row.csv").write_text("\n".join(rows) + "\n")
     cases = {
+        "an empty log": (("empty.csv",), "--trace empty.csv"),
+        "a bad row": (("bad-row.csv",), "bad-row.csv"),
         "another format": ((str(MOONCAKE),), "--trace"),
         "a directory": (("logs",), "--trace logs"),
         "a missing file": (("none.csv",), "--trace none.csv"),

@@ -124,6 +124,16 @@ def test_parser_refuses_a_table_cut_before_its_last_chunk():
         parse_kl_output(cut)
 
 
+def test_parser_refuses_a_nan_divergence_as_no_figure():
+    """A model whose logits overflowed: printf writes nan, which is no KL a constraint can use."""
+    broken = KL_OUTPUT.replace("0.000712 ±   0.000031", "nan ±   nan")
+    with pytest.raises(QualityUnavailable, match=r"KL divergence is nan .*not finite"):
+        parse_kl_output(broken)
+    row_only = KL_OUTPUT_NO_SUMMARY.replace("0.00071 ±    0.00003", "-nan ±    nan")
+    with pytest.raises(QualityUnavailable, match="not finite"):
+        parse_kl_output(row_only)
+
+
 def test_parser_says_why_when_the_tool_printed_no_figures():
     with pytest.raises(QualityUnavailable, match=r"failed to open /x/base\.kld"):
         parse_kl_output("main: build = 1\nkl_divergence: failed to open /x/base.kld\n")

@@ -182,7 +182,7 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
         assert facts["kv_type"] == ("q8_0" if trial.params["kv_compression"] == 0.5 else "f16")
         attrs = trial.user_attrs
         planned = judged_window(attrs, scenario.workload)
-        assert attrs["requests_ok"] == len(planned)
+        assert attrs["requests_ok"] == len(planned), attrs.get("first_error")
         assert_throughput_within_the_load(attrs, planned)
         assert attrs["ttft_p99_ms"] == trial.values[0]
 

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
 
 from tests.conftest import POSTGRES, run_autotune, small_scenario
-from tuner.storage import latest_snapshot, open_storage
+from tuner.storage import claim_trial, latest_snapshot, open_storage
 
 
 def _scenario(tmp_path: Path, requests: int) -> Path:
@@ -159,3 +159,26 @@ def test_kill_9_mid_trial_then_rerun_continues(tmp_path: Path):
     assert len(counted) == 5 and all(
         t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in counted
     )
+
+
+def test_a_trial_killed_before_its_first_heartbeat_does_not_hold_the_study(tmp_path: Path):
+    """A worker killed between ask() (which stores the trial RUNNING) and its trial's first
+    heartbeat leaves a running trial with no heartbeat, and its claimed slot. The next worker
+    must fail it as stale, take back the slot and run the study's trials, not wait for ever."""
+    scenario = _scenario(tmp_path, 1500)
+    db = f"sqlite:///{tmp_path / 'orphan.db'}"
+    args = ["worker", "--scenario", str(scenario), "--storage", db, "--study", "o"]
+    first = run_autotune(*args, "--trials", "2", "--heartbeat", "1", cwd=tmp_path, timeout=300)
+    assert first.returncode in (0, 3), first.stderr
+    storage = open_storage(db, heartbeat_s=1)
+    study_id = storage.get_study_id_from_name("o")
+    orphan = storage.create_new_trial(study_id)  # what the killed worker's ask() stored
+    assert claim_trial(storage, "o", None)  # and the slot it had claimed first
+    assert storage.get_trial(orphan).state == TrialState.RUNNING
+
+    again = run_autotune(*args, "--trials", "3", "--heartbeat", "1", cwd=tmp_path, timeout=300)
+    assert again.returncode in (0, 3), again.stderr
+    trials = optuna.load_study(study_name="o", storage=db).trials
+    assert {t._trial_id: t.state for t in trials}[orphan] == TrialState.FAIL
+    counted = [t for t in trials if t._trial_id != orphan]
+    assert len(counted) == 3 and all(t.state == TrialState.COMPLETE for t in counted)

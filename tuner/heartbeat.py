@@ -8,6 +8,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import optuna
+from optuna.trial import TrialState
+from sqlalchemy import select
 
 from objectives.userfile import first_line
 from tuner.console import err
@@ -55,6 +57,30 @@ def heartbeat_interval(storage: optuna.storages.RDBStorage) -> int:
     interval = storage.get_heartbeat_interval()
     assert interval is not None, "open_storage gives every storage a heartbeat interval"
     return interval
+
+
+def adopt_unbeaten_trials(storage: optuna.storages.RDBStorage, study: optuna.Study) -> None:
+    """Give a first heartbeat to each running trial of the study that has none. ask() stores a
+    trial RUNNING before its worker records the first beat, and Optuna's stale-trial check
+    passes over a trial with no heartbeat: a worker killed in between left one running for
+    ever, and every worker of the study waited on it (CI: kill -9, then a rerun that hung).
+    Beaten once, it is failed as stale after the grace period unless its worker beats on
+    (a live one does within milliseconds: its first beat updates this row)."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    study_id = storage.get_study_id_from_name(study.study_name)
+    trial = models.TrialModel
+    with _create_scoped_session(storage.scoped_session) as session:
+        unbeaten = session.scalars(
+            select(trial.trial_id).where(
+                trial.study_id == study_id,
+                trial.state == TrialState.RUNNING,
+                ~trial.heartbeats.any(),
+            )
+        ).all()
+    for trial_id in unbeaten:
+        storage.record_heartbeat(trial_id)  # a row its worker wrote meanwhile is left as it is
 
 
 def heartbeat(storage: optuna.storages.RDBStorage, trial: optuna.Trial):

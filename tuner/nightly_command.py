@@ -101,7 +101,9 @@ def nightly_cmd(
         check_distinct(outputs, {"--trace": trace_path})
         if options["scenario"] is not None:  # (prepare says so where it is missing)
             study_scenario = load_scenario(options["scenario"])
-            tonight = traffic.tonights_scenario(study_scenario, trace_path, trace_format)
+            tonight, notes = traffic.tonights_scenario(study_scenario, trace_path, trace_format)
+            for note in notes:
+                err.print(f"note: {note}", markup=False, soft_wrap=True)
     elif trace_format is not None:
         raise InputError("--trace-format: says the format of --trace, which is not given")
     lock = night.StudyLock()
@@ -167,7 +169,8 @@ def nightly_cmd(
     finally:
         lock.release()
     if moved:
-        err.print(f"TRAFFIC DRIFT: {'; '.join(c.describe() for c in moved)}", markup=False)
+        drift = "; ".join(c.describe() for c in moved)
+        err.print(f"TRAFFIC DRIFT: {drift}", markup=False, soft_wrap=True)
     elif changes:
         err.print("traffic: no drift (every figure within its threshold)", markup=False)
     if decision.drift:
@@ -182,6 +185,13 @@ def nightly_cmd(
             decision.outcome, night.EXIT_FAILED
         )
     )
+
+
+def _within(dists: dict, params: dict) -> bool:
+    try:
+        return all(dists[k]._contains(dists[k].to_internal_repr(v)) for k, v in params.items())
+    except ValueError:  # a choice the distribution does not have
+        return False
 
 
 def _measure_night(
@@ -199,7 +209,13 @@ def _measure_night(
     # Warm start: tonight re-measures the last front first, then tries `budget` new configs.
     last = latest_snapshot(p.storage, p.study.study_name) or latest_snapshot(p.storage, study_name)
     dists = p.space.distributions()
-    warm = [{k: v for k, v in m.params.items() if k in dists} for m in last.members] if last else []
+    members = (
+        [{k: v for k, v in m.params.items() if k in dists} for m in last.members] if last else []
+    )
+    # A traffic study's space is fitted to tonight's traffic (a batch ceiling from memory, the
+    # prefill range from its longest prompt): a member outside it would run as it is (Optuna
+    # warns and keeps an enqueued value out of range).
+    warm = [params for params in members if _within(dists, params)]
     for params in warm:
         p.study.enqueue_trial(params, user_attrs={"warm_start": True})
     reports = tune(p, budget + len(warm), timeout_s)

@@ -78,15 +78,21 @@ def traffic_of(requests: Requests) -> Traffic:
 
 
 def _shared_tokens(requests: Requests) -> np.ndarray:
-    """Per prompt, its tokens in a start another prompt shares."""
-    if requests.prefix is None:
-        return np.zeros(len(requests))
-    sharing = requests.prefix != NO_PREFIX
-    if requests.prefix_sizes is not None:  # a trace's keys, each of its own length
-        sizes = requests.prefix_sizes[np.where(sharing, requests.prefix, 0)]
-    else:
-        sizes = np.full(len(requests), requests.prefix_tokens)
-    return np.where(sharing, np.minimum(sizes, requests.input_tokens), 0)
+    """Per prompt, its tokens in a start another prompt shares: a shared prefix, and a session
+    turn's history (its session's earlier prompts and answers, as a log's turns share theirs)."""
+    shared = np.zeros(len(requests), dtype=np.int64)
+    if requests.prefix is not None:
+        sharing = requests.prefix != NO_PREFIX
+        if requests.prefix_sizes is not None:  # a trace's keys, each of its own length
+            # (a log whose blocks never repeat has no keys at all)
+            sizes = np.zeros(len(requests), dtype=np.int64)
+            sizes[sharing] = requests.prefix_sizes[requests.prefix[sharing]]
+        else:
+            sizes = np.full(len(requests), requests.prefix_tokens)
+        shared = np.where(sharing, np.minimum(sizes, requests.input_tokens), 0)
+    if requests.sessions is not None:
+        shared = np.maximum(shared, requests.input_tokens - requests.sessions.new_tokens)
+    return shared
 
 
 @dataclass(frozen=True)
@@ -137,10 +143,16 @@ def drifted(changes: list[Change]) -> list[Change]:
     return [c for c in changes if c.drifted]
 
 
-def tonights_scenario(study: Scenario, trace_file: Path, trace_format: str | None) -> Scenario:
-    """The study's scenario replaying tonight's log: read as the study's own trace (its format,
-    columns, window, rate multiple and context policy), or, for a study of drawn traffic, in
-    `trace_format`. InputError naming the flag where the log cannot be read so."""
+def tonights_scenario(
+    study: Scenario, trace_file: Path, trace_format: str | None
+) -> tuple[Scenario, list[str]]:
+    """The study's scenario replaying tonight's log, whole, and notes on what of the study's it
+    does not carry. The log is read as the study's own trace (its format, columns, rate
+    multiple and context policy; not its window, which was a place in another log), or, for a
+    study of drawn traffic, in `trace_format`. The log's own arrivals replace a drawn burst,
+    so its bound (sla.burst_ttft_p99_ms) goes with it; absolute search bounds (load.min_rate,
+    max_rate) move with the nominal rate. InputError naming the flag where the log cannot be
+    read so."""
     own = study.workload.trace
     if own is not None:
         if trace_format is not None and trace_format != own.format:
@@ -149,6 +161,7 @@ def tonights_scenario(study: Scenario, trace_file: Path, trace_format: str | Non
                 "a night compares like with like: give a log in that format"
             )
         keep = {"file", "sha256", "context_tokens", "over_context_requests"}
+        keep |= {"start_s", "duration_s", "requests"}
         spec = own.model_dump(exclude_none=True, exclude=keep)
     elif trace_format is None:
         raise InputError(
@@ -167,6 +180,22 @@ def tonights_scenario(study: Scenario, trace_file: Path, trace_format: str | Non
         "seed": study.workload.seed,
         "trace": spec | {"file": str(trace_file.expanduser().absolute())},
     }
+    notes = []
+    if data["sla"].pop("burst_ttft_p99_ms", None) is not None:
+        notes.append(
+            "tonight's log is replayed with its own arrivals: the study's drawn burst and its "
+            "bound (sla.burst_ttft_p99_ms) are not applied; its TTFT p99 bound is"
+        )
+    bounds = {k: data["load"].pop(k) for k in ("min_rate", "max_rate") if k in data["load"]}
+    tonight = _validated(data, trace_file)
+    if bounds and not study.closed_loop:  # (a closed loop's bounds are requests in flight)
+        moved = tonight.nominal_rate / study.nominal_rate
+        data["load"] |= {k: v * moved for k, v in bounds.items()}
+        tonight = _validated(data, trace_file)
+    return tonight, notes
+
+
+def _validated(data: dict, trace_file: Path) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as error:

@@ -29,7 +29,7 @@ from objectives.scoring import (
 from runners.load.capacity import Evaluation, evaluate
 from runners.load.measurement import Fault
 from tuner.attrs import set_user_attrs
-from tuner.heartbeat import heartbeat, heartbeat_interval
+from tuner.heartbeat import adopt_unbeaten_trials, heartbeat, heartbeat_interval
 from tuner.interrupts import interrupts_deferred
 from tuner.parallel import sim_pool
 from tuner.quality import trial_figures
@@ -262,6 +262,7 @@ def optimize(
     width = SIM_BATCH if batches_in_processes(run) else 1
     pool = sim_pool(run.runner, width)
     while ran < trials and (timeout_s is None or time.monotonic() - started < timeout_s):
+        adopt_unbeaten_trials(storage, run.study)
         optuna.storages.fail_stale_trials(run.study)
         asked: list[optuna.Trial] = []
         claimed = 0
@@ -274,9 +275,9 @@ def optimize(
                     if run.screen is not None:
                         run.screen.propose(run.study)
                     balance_deployments(run)
-                    # ask() stores the trial RUNNING: its heartbeat starts at once, so a worker
-                    # killed while it asks for the batch's next one leaves no trial that the
-                    # stale-trial check cannot see (one without a heartbeat runs for ever)
+                    # ask() stores the trial RUNNING: its heartbeat starts at once (a kill -9
+                    # in between leaves a trial with none, which the next run's
+                    # adopt_unbeaten_trials beats once, so the stale-trial check sees it)
                     with interrupts_deferred():
                         asked.append(run.study.ask())
                         beats.enter_context(heartbeat(storage, asked[-1]))

@@ -15,6 +15,7 @@ model's special-token bias is a request field of the server, which this does not
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -40,7 +41,9 @@ MAX_CONTEXT = (
 )
 MIN_CONTEXT = 16  # below this a chunk's context says little about the text
 _ATTEMPTS = 5  # runs of one KL measurement: 3 once all lost their summary (a busy machine)
-_NUMBER = r"(-?[\d.]+(?:[eE][-+]?\d+)?)"
+# printf's numbers, its nan and inf among them (a model whose logits overflowed)
+_NUMBER = r"(-?(?:[\d.]+(?:[eE][-+]?\d+)?|nan|inf))"
+SUMMARY = "KL divergence statistics"
 
 
 @dataclass(frozen=True)
@@ -65,14 +68,23 @@ def parse_kl_output(text: str) -> KLDivergence:
     mean = re.search(rf"^Mean\s+KLD:\s+{_NUMBER}", text, re.MULTILINE)
     same = re.search(rf"^Same top p:\s+{_NUMBER}\s*±\s*{_NUMBER}\s*%", text, re.MULTILINE)
     if mean and same:
-        return KLDivergence(float(mean.group(1)), float(same.group(1)) / 100, positions)
+        return _figures(float(mean.group(1)), float(same.group(1)) / 100, positions)
     pair = rf"{_NUMBER}\s*±\s*{_NUMBER}"
     # chunk, PPL, ln(PPL(Q)/PPL(base)), KL divergence, Δp RMS %, same top p %
     row = rf"^\s*{n_chunk}\s+{pair}\s+{pair}\s+{pair}\s+{pair}\s*%\s+{pair}\s*%"
     last = re.search(row, text, re.MULTILINE)
     if last is None:
         raise QualityUnavailable(f"llama-perplexity printed no KL divergence: {last_words(text)}")
-    return KLDivergence(float(last.group(5)), float(last.group(9)) / 100, positions)
+    return _figures(float(last.group(5)), float(last.group(9)) / 100, positions)
+
+
+def _figures(mean_kld: float, same_top: float, positions: int) -> KLDivergence:
+    if not (math.isfinite(mean_kld) and math.isfinite(same_top)):
+        raise QualityUnavailable(
+            f"llama-perplexity's KL divergence is {mean_kld:g} (same top token {same_top:.1%}): "
+            "the quantized model's logits are not finite"
+        )
+    return KLDivergence(mean_kld, same_top, positions)
 
 
 def last_words(text: str) -> str:
@@ -190,11 +202,13 @@ class PerplexityQuality:
             output = _run(argv, self.timeout_s)
             # Its log thread can lose lines at exit (exit status 0): the summary's (about 1 run
             # in 20 here; the last chunk's row then stands for it), or every line (on a busy
-            # machine): a run with neither is run again.
+            # machine): a run with neither is run again. One that said why it could not run,
+            # or that reached its summary (its figures stand, nan or not), is not.
             try:
                 return parse_kl_output(output), context
             except QualityUnavailable:
-                if attempt == _ATTEMPTS - 1 or (output.strip() and "computing over" not in output):
+                lost = not output.strip() or "computing over" in output
+                if attempt == _ATTEMPTS - 1 or not lost or SUMMARY in output:
                     raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
