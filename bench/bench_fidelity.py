@@ -115,6 +115,8 @@ def grid_study(engine: str, work: Path, name: str) -> list:
             "space.yaml",
             "--sampler",
             "grid",
+            "--repeats",
+            "0",  # every point once: --trials would otherwise set the repeats' share aside
             "--trials",
             str(configs),
             "--storage",

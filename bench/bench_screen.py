@@ -186,6 +186,11 @@ def main() -> None:
             "--storage",
             "sqlite:///studies.db",
             "--no-html",
+            # --trials the study's alone: what the bench counts to 95%
+            "--polish",
+            "0",
+            "--repeats",
+            "0",
         ]
         autotune(work, "profile-hardware", "--model", str(model), "-o", "cpu.yaml")
         configs = len(SPACE["batch_size"]["choices"]) * len(SPACE["quantization"]["choices"])

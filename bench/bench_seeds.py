@@ -28,7 +28,9 @@ from runners.engines.llamacpp import LlamaCppRunner, LlamaCppSettings
 from runners.load.capacity import evaluate
 from testing.engines import ENGINES_DIR, engine_executable, engine_scenario, llama_settings
 from testing.tiny_model import build_tiny_qwen2
+from tuner.budget import repeat_trials
 from tuner.export import load_export
+from tuner.repeats import REAL_REPEATS
 
 SEEDS = (0, 1)
 POLISH = 2  # a real trial is a capacity search of about a minute here: two neighbours each
@@ -62,7 +64,9 @@ def study(work: Path, seed: int, trials: int) -> Path:
     done = subprocess.run(
         [
             sys.executable, "-m", "tuner", "--scenario", "scenario.yaml", "--runner", "llamacpp",
-            "--runner-config", "runner.yaml", "--space", "space.yaml", "--trials", str(trials),
+            "--runner-config", "runner.yaml", "--space", "space.yaml",
+            # the study's trials, its polish and the repeats' share (tuner.budget)
+            "--trials", str(trials + POLISH + repeat_trials(REAL_REPEATS)),
             "--seed", str(seed), "--study", f"seed{seed}", "--export", str(export), "--no-html",
             "--polish", str(POLISH),
         ],

@@ -369,7 +369,7 @@ class SearchSpace:
         """The config a trial runs. MindIE needs maxPrefillBatchSize <= maxBatchSize: a sampled
         value above the batch size runs as the batch size. Sampling it in a range that depended
         on the batch size would make the space dynamic, which multivariate TPE cannot model
-        jointly (README, "Search efficiency"). A grid keeps its points as they are, and a point
+        jointly (docs/search.md). A grid keeps its points as they are, and a point
         above the batch size is refused as infeasible."""
         params = {name: _suggest(trial, name, dist) for name, dist in self.distributions().items()}
         grid = isinstance(trial.study.sampler, optuna.samplers.GridSampler)

@@ -27,10 +27,30 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 ENGINE_FIXTURES = {"vllm_python", "llama_server"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the group into the node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("engines"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """xdist groups a test by a suffix it writes into the test's node id; pytest 9 no longer
+    reads what xdist 3.8 writes, so its engine tests ran on both workers at once, unnoticed
+    (pyproject pins pytest below 9): a grouping that did not take is an error, not a hope."""
+    if not getattr(session.config.option, "loadgroup", False):  # (an xdist worker's, set there)
+        return
+    ungrouped = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"xdist did not group {len(ungrouped)} engine tests (e.g. {ungrouped[0]}): "
+            f"pytest {pytest.__version__} with this pytest-xdist runs them side by side"
+        )
 
 
 def run_autotune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

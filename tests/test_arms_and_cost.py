@@ -26,7 +26,7 @@ def test_every_admitted_pair_is_searched_from_the_best_config(tmp_path: Path, sc
     each admitted pair with the best config's other knobs (a controlled trial) and polishes it,
     so the ladder's every admitted row stands on MIN_ARM_TRIALS trials or more."""
     result = run_autotune(
-        "--scenario", str(scenario_file), "--trials", "6", "--polish", "60", "--no-html",
+        "--scenario", str(scenario_file), "--trials", "66", "--polish", "60", "--no-html",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -78,8 +78,9 @@ def test_the_front_collapses_ties(tmp_path: Path, scenario_file):
     """Polish measures neighbours that change knobs of no consequence (a prefill batch bound
     never reached): they read the same, and the front shows one row with the rest named."""
     result = run_autotune(
-        "--scenario", str(scenario_file), "--trials", "10", "--no-html", cwd=tmp_path
-    )
+        "--scenario", str(scenario_file), "--trials", "110", "--polish", "100", "--no-html",
+        cwd=tmp_path,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     study = _study(tmp_path)
     front = result.stdout.split("Pareto front", 1)[1].split("└", 1)[0]

@@ -958,7 +958,9 @@ def test_export_is_readable_by_others_and_summary_counts_sla_misses(
     data["sla"]["ttft_p99_ms"] = 60  # below one prefill on the default profile: no config meets it
     impossible = tmp_path / "impossible.yaml"
     impossible.write_text(yaml.safe_dump(data))
-    missed = run_autotune("--scenario", str(impossible), "--trials", "4", cwd=tmp_path)
+    missed = run_autotune(
+        "--scenario", str(impossible), "--trials", "4", "--polish", "0", cwd=tmp_path
+    )
     assert missed.returncode == 3, missed.stderr
     line = next(line for line in missed.stdout.splitlines() if "trials this run" in line)
     met, miss, norun, failed = (

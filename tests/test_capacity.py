@@ -41,7 +41,7 @@ def test_seed_direction_on_default_profile(engine):
     """The seed table (batch 8 vs 16, prefill-first vs decode-first) on the default 910B2 profile.
 
     Reproduced: batch 16 sustains far more than batch 8 in either mode, and prefill-first answers
-    first at the nominal rate. Not reproduced (README, "The simulator"): decode-first buying
+    first at the nominal rate. Not reproduced (docs/simulator.md): decode-first buying
     capacity. MindIE's documented supportSelectBatch rule (weights 150/50 ms) holds prefills back
     while slots stand idle, so at batch 8 it sustains less; vLLM V1 decodes running requests
     first in both modes, which then differ only in splitting prompts, so they sustain the same."""
@@ -147,8 +147,9 @@ def test_study_front_and_export_size_the_fleet(tmp_path: Path):
     data["load"] = {"peak_rate": 40}
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(data))
     result = run_autotune(
-        "--scenario", "fleet.yaml", "--trials", "6", "--storage", "sqlite:///f.db", cwd=tmp_path
-    )
+        "--scenario", "fleet.yaml", "--trials", "106", "--polish", "100",
+        "--storage", "sqlite:///f.db", cwd=tmp_path,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "capacity tok/s" in result.stdout and "instances @40/s" in result.stdout
     exported = load_export(tmp_path / "best-config.yaml")

@@ -26,7 +26,7 @@ def _tune(tmp_path: Path, scenario_file: Path, storage: str, processes: int, mon
     work.mkdir()
     name = f"parallel-{uuid.uuid4().hex[:8]}"
     done = run_autotune(
-        "--scenario", str(scenario_file), "--trials", str(TRIALS), "--polish", str(POLISH),
+        "--scenario", str(scenario_file), "--trials", str(TRIALS + POLISH), "--polish", str(POLISH),
         "--storage", storage.format(work=work), "--study", name, "--no-html", "--seed", "3",
         cwd=work,
     )  # fmt: skip

@@ -137,8 +137,10 @@ def test_twelve_trial_study_covers_every_precision_and_kv_setting(
         "space.yaml",
         "--sampler",
         "grid",
+        # the grid's 12 points, and the repeats' share: one more measurement of the pick and
+        # of each of up to 3 rivals (tuner.budget)
         "--trials",
-        "12",
+        "16",
         "--storage",
         f"sqlite:///{db}",
         cwd=tmp_path,

@@ -15,6 +15,7 @@ import optuna
 
 from objectives.userfile import InputError
 from tuner import __version__
+from tuner.budget import split
 from tuner.cli_options import tune_options, worker_options
 from tuner.cli_run import finish, tune
 from tuner.console import err
@@ -54,33 +55,45 @@ def cli(
 ):
     """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`.
 
-    --trials is the number of trials this run adds to the study; --polish trials follow them.
+    --trials is every trial this run measures: the study's, then the arms' and polish's
+    (--polish of them), and the pick's repeats; the console says the split.
     """
     if ctx.invoked_subcommand is not None:
         return
     outputs = report_outputs(export_path, html_path, no_html)
-    prepared = prepare(trials=trials, outputs=outputs, **options)
+    budget = split(
+        trials,
+        polish_trials,
+        repeats,
+        simulated=options["runner_name"] == "sim",
+        grid=options["sampler"] == "grid",
+    )
+    prepared = prepare(trials=budget.study, outputs=outputs, **options)
+    err.print(budget.describe(), markup=False, soft_wrap=True)
     started = time.monotonic()
     if wants_one_chip_first(prepared):
         one_chip = prepare(
-            trials=trials,
+            trials=budget.study,
             outputs={},
             **(options | {"chips": 1, "study_name": None, "baseline_path": None}),
         )
         err.print(
             f"note: on --chips {options['chips']} a co-located config runs one chip's config on "
-            f"each chip: one chip's study first ({one_chip.study.study_name})",
+            f"each chip: one chip's study first ({one_chip.study.study_name}, on a budget of "
+            f"its own: {budget.study + budget.polish} trials)",
             markup=False,
             soft_wrap=True,
         )
-        tune(one_chip, trials, timeout_s, polish_trials=polish_trials)
+        tune(one_chip, budget.study, timeout_s, polish_trials=budget.polish)
     seeded, queued = seed_co_located(prepared)
     if seeded is not None:
         err.print(f"note: {seeded}", markup=False, soft_wrap=True)
     if timeout_s is not None:  # one --timeout for both studies
         timeout_s = max(0.0, timeout_s - (time.monotonic() - started))
-    reports = tune(prepared, trials + queued, timeout_s, polish_trials=polish_trials)
-    finish(prepared, reports, outputs, hold_factor, repeats)
+    # the queued configs are the study's first trials
+    study_trials = max(budget.study, queued)
+    reports = tune(prepared, study_trials, timeout_s, polish_trials=budget.polish)
+    finish(prepared, reports, outputs, hold_factor, budget.repeats)
 
 
 @cli.command()

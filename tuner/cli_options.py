@@ -11,6 +11,7 @@ import click
 
 from runners.registry import RUNNERS
 from tuner import flags
+from tuner.budget import STUDY_TRIALS
 from tuner.samplers import SAMPLERS
 from tuner.screen import SCREENS
 from tuner.storage import DEFAULT_STORAGE, HEARTBEAT_S
@@ -65,14 +66,21 @@ TUNE_OPTIONS = {
         type=click.Path(path_type=Path),
         help="YAML narrowing the knob ranges",
     ),
-    "trials": click.option("--trials", type=flags.COUNT, default=50, show_default=True),
+    "trials": click.option(
+        "--trials",
+        type=flags.COUNT,
+        default=None,
+        help="every trial the run measures: the study's, the arms' and polish's, the pick's "
+        "repeats (default: 150 on the simulator, 70 on real engines; the console says the split)",
+    ),
     "polish": click.option(
         "--polish",
         "polish_trials",
         type=flags.POLISH,
         default=None,
-        help="trials measuring the pick's one-knob neighbours before the export (default: 100 on "
-        "the simulator, 12 on real engines; 0: none)",
+        help="of --trials, those searching each arm and the pick's one-knob neighbours after the "
+        "study (default: two thirds of --trials on the simulator, about a fifth on real engines "
+        "once the repeats' share is set aside; 0: none)",
     ),
     "repeats": click.option(
         "--repeats",
@@ -195,8 +203,16 @@ def nightly_options(f: F) -> F:
 
 
 def worker_options(f: F) -> F:
-    """The tuning options less --polish, --repeats and --hold (tuner.cli.worker says why)."""
-    return tune_options(f, leave_out=("polish", "hold", "repeats"))
+    """The tuning options less --polish, --repeats and --hold (tuner.cli.worker says why), and
+    --trials the study's total over its workers."""
+    f = tune_options(f, leave_out=("trials", "polish", "hold", "repeats"))
+    return click.option(
+        "--trials",
+        type=flags.COUNT,
+        default=STUDY_TRIALS,
+        show_default=True,
+        help="the study's trials, all its workers together",
+    )(f)
 
 
 def storage_option(f: F) -> F:

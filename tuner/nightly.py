@@ -1,6 +1,6 @@
 """Nightly re-tuning: re-measure the deployed config, warm-start, and promote only a real win.
 
-Decision (README, "Nightly re-tuning"): the incumbent and the best SLA-feasible candidate are
+Decision (docs/nightly.md): the incumbent and the best SLA-feasible candidate are
 each measured `repeats` times, repeat k with workload seed + k, so traffic sampling is part of
 the noise. noise = the larger relative spread (max - min) / mean of the picked objective over
 either's repeats; margin = max(noise, min_gain). The candidate is promoted when it meets the

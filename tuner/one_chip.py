@@ -129,8 +129,8 @@ def _as_co_located(p: Prepared, knobs: dict[str, Any]) -> dict[str, Any] | None:
 def seed_co_located(p: Prepared) -> tuple[str | None, int]:
     """Queue the one-chip study's best configs as co-located trials of a new chip-budget study
     that searches both deployments; a line for the console (None where nothing applies) and
-    how many were queued, which the run measures on top of its --trials, as a night's warm
-    start."""
+    how many were queued, which the run measures first among its study's trials, as a night's
+    warm start."""
     if not _applies(p):
         return None, 0
     source, name = _one_chip_study(p), p.study.study_name

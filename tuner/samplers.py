@@ -23,7 +23,7 @@ def gp_missing() -> str | None:
 def resolve(name: str, simulated: bool) -> str:
     """`auto` weighs a trial's cost against a proposal's. A real engine's trial costs minutes, so
     fewer trials win: GP, where PyTorch and SciPy are installed (on the sim grid it reaches 95% of
-    the best capacity in fewer trials than TPE on every preset: README, "Search efficiency").
+    the best capacity in fewer trials than TPE on every preset: docs/search.md).
     A simulated trial costs under a second and a GP proposal 1-3 s, so on the simulator TPE's
     cheap proposals reach a good config sooner in wall time, and the default study stays well
     under a minute."""
