@@ -190,7 +190,7 @@ def test_without_a_one_chip_study_the_run_says_how_to_seed_one(tmp_path: Path, s
     """What a real engine's run says (on the simulator the run searches one chip first): the
     study is prepared as the command line does, and nothing is queued."""
     prepared = _prepared(tmp_path, scenario_file, chips=2)
-    note, queued = seed_co_located(prepared)
+    note, queued = seed_co_located(prepared, limit=50)
     assert queued == 0 and not prepared.study.trials
     assert note is not None and "no one-chip study of this scenario in the storage" in note
 

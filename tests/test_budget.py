@@ -36,6 +36,7 @@ def test_another_total_keeps_the_defaults_shares():
     assert _shares(30, 12, None, simulated=True) == (18, 12, 0)
     # a grid measures its points itself: nothing is polished after it (tuner.polish)
     assert _shares(30, None, None, simulated=True, grid=True) == (30, 0, 0)
+    assert _shares(30, 10, None, simulated=True, grid=True) == (30, 0, 0)
     # a real engine: --repeats 2 costs one more measurement of each of 4 candidates; of the 16
     # left, 12/62 (3) polish
     assert _shares(20, None, 2, simulated=False) == (13, 3, 4)
@@ -43,6 +44,8 @@ def test_another_total_keeps_the_defaults_shares():
 
 
 def test_a_budget_that_leaves_the_study_nothing_is_refused_naming_what_spent_it():
+    with pytest.raises(InputError, match=r"^the default --trials 150 leaves no trial"):
+        split(None, 150, None, simulated=True)
     with pytest.raises(InputError, match=r"^--trials 5 leaves no trial .*--polish 5.*at least 6"):
         split(5, 5, None, simulated=True)
     with pytest.raises(InputError, match=r"^--trials 5 .*--repeats 3 \(8 trials\).*at least 9"):
@@ -50,6 +53,9 @@ def test_a_budget_that_leaves_the_study_nothing_is_refused_naming_what_spent_it(
     # the default repeats give way: a small real-engine budget runs its trials unrepeated
     assert _shares(5, None, None, simulated=False) == (4, 1, 0)
     assert _shares(1, None, None, simulated=False) == (1, 0, 0)
+    # they stay while the study keeps as many trials as they spend (8): 16 is the least
+    assert _shares(15, None, None, simulated=False) == (12, 3, 0)
+    assert _shares(16, None, None, simulated=False) == (6, 2, 8)
 
 
 def test_a_run_measures_no_more_than_its_trials_and_says_the_split(

@@ -152,8 +152,8 @@ def test_a_burst_studys_night_keeps_its_ttft_bound_and_drops_the_drawn_bursts_wi
 
 
 def test_absolute_search_bounds_move_with_tonights_rate(tmp_path):
-    """A study that searched 2-40 req/s around its 4 req/s searches 4-80 on a log at 8 req/s
-    (absolute bounds stated for one rate would refuse a log beyond them)."""
+    """A study that searched 2-40 req/s around its 4 req/s searches 16-320 on a log at 8 times
+    its rate (absolute bounds stated for one rate would refuse a log beyond them)."""
     log = _azure_log(tmp_path / "monday.csv")
     path = _trace_study_scenario(tmp_path, log)
     data = yaml.safe_load(path.read_text())

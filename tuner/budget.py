@@ -63,12 +63,15 @@ def split(
     points itself) for the arms and polish, the rest for the study. InputError naming --trials
     where nothing is left for the study."""
     default_polish = SIM_POLISH_TRIALS if simulated else REAL_POLISH_TRIALS
-    if grid and polish is None:
+    if grid:  # nothing runs after a grid (tuner.polish): a --polish would be spent on nothing
         polish = 0
+    named = "--trials" if total is not None else "the default --trials"
     total = default_total(simulated) if total is None else total
-    if repeats is None:  # the default's repeats where they leave the study a trial; else none
+    if repeats is None:
+        # the default's repeats where the study keeps as many trials as they spend (its pick
+        # and rivals to repeat); a smaller budget runs unrepeated
         repeats = 0 if simulated else REAL_REPEATS
-        if total - repeat_trials(repeats) - (polish or 0) < 1:
+        if total - 2 * repeat_trials(repeats) - (polish or 0) < 0:
             repeats = 0
     spent_repeating = repeat_trials(repeats)
     left = total - spent_repeating
@@ -86,7 +89,7 @@ def split(
             spent.append(f"--repeats {repeats} ({spent_repeating} trials)")
             flags.append("--repeats")
         raise InputError(
-            f"--trials {total} leaves no trial for the study after {' and '.join(spent)}: give "
+            f"{named} {total} leaves no trial for the study after {' and '.join(spent)}: give "
             f"--trials at least {total - study + 1}, or a lower {' or '.join(flags)}"
         )
     return Budget(total, study, polish, repeats, spent_repeating)

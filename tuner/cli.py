@@ -56,7 +56,8 @@ def cli(
     """Tune an LLM serving config for a scenario's SLA: `autotune --scenario customer-service`.
 
     --trials is every trial this run measures: the study's, then the arms' and polish's
-    (--polish of them), and the pick's repeats; the console says the split.
+    (--polish of them), and the pick's repeats; the console says the split. (A chip budget's
+    first run may start with a one-chip study of its own, on the same split, said then.)
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -85,14 +86,13 @@ def cli(
             soft_wrap=True,
         )
         tune(one_chip, budget.study, timeout_s, polish_trials=budget.polish)
-    seeded, queued = seed_co_located(prepared)
+    seeded, _ = seed_co_located(prepared, limit=budget.study)
     if seeded is not None:
         err.print(f"note: {seeded}", markup=False, soft_wrap=True)
     if timeout_s is not None:  # one --timeout for both studies
         timeout_s = max(0.0, timeout_s - (time.monotonic() - started))
     # the queued configs are the study's first trials
-    study_trials = max(budget.study, queued)
-    reports = tune(prepared, study_trials, timeout_s, polish_trials=budget.polish)
+    reports = tune(prepared, budget.study, timeout_s, polish_trials=budget.polish)
     finish(prepared, reports, outputs, hold_factor, budget.repeats)
 
 

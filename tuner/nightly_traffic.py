@@ -184,13 +184,14 @@ def tonights_scenario(
     if data["sla"].pop("burst_ttft_p99_ms", None) is not None:
         notes.append(
             "tonight's log is replayed with its own arrivals: the study's drawn burst and its "
-            "bound (sla.burst_ttft_p99_ms) are not applied; its TTFT p99 bound is"
+            "bound (sla.burst_ttft_p99_ms) are not applied; its TTFT p99 bound is kept"
         )
     bounds = {k: data["load"].pop(k) for k in ("min_rate", "max_rate") if k in data["load"]}
     tonight = _validated(data, trace_file)
     if bounds and not study.closed_loop:  # (a closed loop's bounds are requests in flight)
-        moved = tonight.nominal_rate / study.nominal_rate
-        data["load"] |= {k: v * moved for k, v in bounds.items()}
+        # (bound / nominal first: a bound equal to the nominal rate stays equal to it)
+        scale = tonight.nominal_rate
+        data["load"] |= {k: scale * (v / study.nominal_rate) for k, v in bounds.items()}
         tonight = _validated(data, trace_file)
     return tonight, notes
 

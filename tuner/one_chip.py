@@ -126,11 +126,11 @@ def _as_co_located(p: Prepared, knobs: dict[str, Any]) -> dict[str, Any] | None:
     return params
 
 
-def seed_co_located(p: Prepared) -> tuple[str | None, int]:
+def seed_co_located(p: Prepared, limit: int) -> tuple[str | None, int]:
     """Queue the one-chip study's best configs as co-located trials of a new chip-budget study
     that searches both deployments; a line for the console (None where nothing applies) and
-    how many were queued, which the run measures first among its study's trials, as a night's
-    warm start."""
+    how many were queued (at most `limit`, the study's share of the run's --trials), which the
+    run measures first among its study's trials, as a night's warm start."""
     if not _applies(p):
         return None, 0
     source, name = _one_chip_study(p), p.study.study_name
@@ -140,7 +140,7 @@ def seed_co_located(p: Prepared) -> tuple[str | None, int]:
             "co-located configs from scratch on half its trials (a run without --chips first "
             "gives them one chip's whole search)"
         ), 0
-    best = _best_configs(source, p)
+    best = _best_configs(source, p)[:limit]
     if not best:
         return f"study {source.study_name} (one chip) has no config that met the SLA", 0
     queued: list[str] = []

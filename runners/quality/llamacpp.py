@@ -78,11 +78,15 @@ def parse_kl_output(text: str) -> KLDivergence:
     return _figures(float(last.group(5)), float(last.group(9)) / 100, positions)
 
 
+class NotFinite(QualityUnavailable):
+    """Figures a run printed whole, nan or inf among them: running it again prints them again."""
+
+
 def _figures(mean_kld: float, same_top: float, positions: int) -> KLDivergence:
     if not (math.isfinite(mean_kld) and math.isfinite(same_top)):
-        raise QualityUnavailable(
-            f"llama-perplexity's KL divergence is {mean_kld:g} (same top token {same_top:.1%}): "
-            "the quantized model's logits are not finite"
+        raise NotFinite(
+            f"llama-perplexity's figures are not finite (mean KLD {mean_kld:g}, same top token "
+            f"{same_top * 100:g}%): the quantized model's logits overflowed"
         )
     return KLDivergence(mean_kld, same_top, positions)
 
@@ -206,6 +210,8 @@ class PerplexityQuality:
             # or that reached its summary (its figures stand, nan or not), is not.
             try:
                 return parse_kl_output(output), context
+            except NotFinite:
+                raise
             except QualityUnavailable:
                 lost = not output.strip() or "computing over" in output
                 if attempt == _ATTEMPTS - 1 or not lost or SUMMARY in output:
