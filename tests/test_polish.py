@@ -359,7 +359,7 @@ def test_polish_measures_nothing_twice(tmp_path: Path):
 
 def test_the_console_says_what_polish_did(tmp_path: Path, scenario_file: Path):
     result = run_autotune(
-        "--scenario", str(scenario_file), "--trials", "4", "--polish", "5", "--no-html",
+        "--scenario", str(scenario_file), "--trials", "9", "--polish", "5", "--no-html",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
