@@ -8,6 +8,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
 from search_spaces.knobs import KNOBS
 from search_spaces.space import KnobRange, SearchSpace
 
@@ -15,6 +22,18 @@ Side = Literal["low", "high"]
 # A value this close to an end, as a share of the range's width (log width for a log range),
 # sits on it: a sampler rarely lands exactly on the end of a wide integer range.
 NEAR_END = 0.05
+
+
+def inside(dist: BaseDistribution, value: Any) -> bool:
+    """Whether a run searching `dist` could propose `value` (a choice it has, or a value in its
+    range on its step): a config carried over from another study or run may not be."""
+    if isinstance(dist, CategoricalDistribution):
+        return value in dist.choices
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    if not dist.low <= value <= dist.high:
+        return False
+    steps = None if dist.step is None else (value - dist.low) / dist.step
+    return steps is None or math.isclose(steps, round(steps), abs_tol=1e-9)
 
 
 @dataclass(frozen=True)

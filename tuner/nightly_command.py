@@ -13,6 +13,7 @@ import click
 from objectives.scenario import load_scenario
 from objectives.trace import FORMATS
 from objectives.userfile import InputError
+from search_spaces.edges import inside
 from tuner import flags
 from tuner import nightly as night
 from tuner import nightly_traffic as traffic
@@ -187,13 +188,6 @@ def nightly_cmd(
     )
 
 
-def _within(dists: dict, params: dict) -> bool:
-    try:
-        return all(dists[k]._contains(dists[k].to_internal_repr(v)) for k, v in params.items())
-    except ValueError:  # a choice the distribution does not have
-        return False
-
-
 def _measure_night(
     p: Prepared,
     study_name: str,
@@ -215,7 +209,7 @@ def _measure_night(
     # A traffic study's space is fitted to tonight's traffic (a batch ceiling from memory, the
     # prefill range from its longest prompt): a member outside it would run as it is (Optuna
     # warns and keeps an enqueued value out of range).
-    warm = [params for params in members if _within(dists, params)]
+    warm = [m for m in members if all(inside(dists[k], v) for k, v in m.items())]
     for params in warm:
         p.study.enqueue_trial(params, user_attrs={"warm_start": True})
     reports = tune(p, budget + len(warm), timeout_s)

@@ -14,19 +14,13 @@ so the chip-budget study's own trials go to the disaggregated side until it has 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
 from optuna.trial import TrialState
 
 from objectives.scoring import is_feasible, pick_best
+from search_spaces.edges import inside
 from tuner.prepare import Prepared
 from tuner.study import ONE_CHIP_TRIALS, default_study_name, trial_knobs
 
@@ -100,16 +94,6 @@ def _best_configs(study: optuna.Study, p: Prepared) -> list[tuple[int, dict[str,
     return chosen
 
 
-def _inside(dist: BaseDistribution, value: Any) -> bool:
-    if isinstance(dist, CategoricalDistribution):
-        return value in dist.choices
-    assert isinstance(dist, (IntDistribution, FloatDistribution))
-    if not dist.low <= value <= dist.high:
-        return False
-    steps = None if dist.step is None else (value - dist.low) / dist.step
-    return steps is None or math.isclose(steps, round(steps), abs_tol=1e-9)
-
-
 def _as_co_located(p: Prepared, knobs: dict[str, Any]) -> dict[str, Any] | None:
     """The one-chip config as this run's co-located params; None where this run could not run
     it (a knob it fixes at another value, or a value outside its range)."""
@@ -120,7 +104,7 @@ def _as_co_located(p: Prepared, knobs: dict[str, Any]) -> dict[str, Any] | None:
             return None
         dist = dists.get(knob)
         if dist is not None and knob != "deployment":
-            if not _inside(dist, value):
+            if not inside(dist, value):
                 return None
             params[knob] = value
     return params
