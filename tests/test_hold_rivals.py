@@ -18,7 +18,8 @@ import pytest
 from runners.load.bracket import step_down
 from runners.load.measurement import Measurement, warmup_requests
 from tests.conftest import small_scenario
-from tuner.hold import HoldPlan, fresh_draw_p99, hold_pick
+from tuner.hold import HoldPlan, hold_pick
+from tuner.hold_rate import fresh_draw_p99
 from tuner.study import best_trial
 
 SCENARIO = small_scenario(requests=200)  # customer-service: TTFT p99 <= 500 ms, 6 req/s nominal
